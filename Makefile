@@ -1,0 +1,52 @@
+# nmo developer entry points. `make test` and `make demo` work on a fresh
+# machine with Python 3.11 and Go: they create .venv, install the pinned
+# dependencies and build the sandbox binaries (cached in ~/.cache/nmo) first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SANDBOX_BIN := hack/sandbox-bin.sh
+
+.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+sandbox-bin:
+	$(SANDBOX_BIN)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit -q
+
+integration: $(STAMP) sandbox-bin
+	$(BIN)/pytest tests/integration tests/e2e -q
+
+test: $(STAMP) sandbox-bin lint typecheck layers
+	$(BIN)/pytest -q -p no:cacheprovider
+
+demo: $(STAMP) sandbox-bin
+	$(BIN)/nmo demo
+
+bench: $(STAMP) sandbox-bin
+	$(BIN)/python benchmarks/drain_bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info src/*.egg-info
