@@ -1,0 +1,93 @@
+"""Names, keys and messages shared with the Go medik8s operators.
+
+These strings are the compatibility contract (behavior.md part A): clusters,
+scripts, alerts and neighbouring operators (NHC, SNR) depend on them, so they
+live in exactly one place and are never spelled elsewhere.
+"""
+
+from typing import Final
+
+GROUP: Final = "nodemaintenance.medik8s.io"
+VERSION: Final = "v1beta1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "NodeMaintenance"
+LIST_KIND: Final = "NodeMaintenanceList"
+PLURAL: Final = "nodemaintenances"
+SINGULAR: Final = "nodemaintenance"
+SHORT_NAMES: Final = ("nm",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+FINALIZER: Final = "foregroundDeleteNodeMaintenance"
+
+# Labels and taints put on the node under maintenance.
+EXCLUDE_FROM_REMEDIATION_LABEL: Final = "remediation.medik8s.io/exclude-from-remediation"
+# The key the user's troubleshooting guide names (section 6); only cleaned up.
+GUIDE_EXCLUDE_LABEL: Final = "medik8s.io/exclude-from-remediation"
+UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
+DRAIN_TAINT_KEY: Final = "medik8s.io/drain"
+TAINT_EFFECT: Final = "NoSchedule"
+MAINTENANCE_TAINT_KEYS: Final = (UNSCHEDULABLE_TAINT_KEY, DRAIN_TAINT_KEY)
+# Annotation on the CR recording what the node looked like before (B7).
+PRIOR_STATE_ANNOTATION: Final = "nodemaintenance.medik8s.io/prior-node-state"
+
+# Lease shared with the other medik8s operators.
+LEASE_NAMESPACE_DEFAULT: Final = "medik8s-leases"
+LEASE_NAMESPACE_ENV: Final = "LEASE_NAMESPACE"
+LEASE_HOLDER: Final = "node-maintenance"
+LEASE_DURATION_SECONDS: Final = 3600
+LEASE_PREFIX: Final = "node-"
+MAX_LEASE_ERRORS: Final = 3
+
+# Events (reason, message).
+EVENT_BEGIN: Final = ("BeginMaintenance", "Begin a node maintenance")
+EVENT_FAILED: Final = ("FailedMaintenance", "Failed a node maintenance")
+EVENT_SUCCEEDED: Final = ("SucceedMaintenance", "Node maintenance was succeeded")
+EVENT_UNCORDON: Final = ("UncordonNode", "Uncordon a node")
+EVENT_REMOVED: Final = ("RemovedMaintenance", "Removed a node maintenance")
+EVENT_COMPONENT: Final = "NodeMaintenance"
+
+# Webhook.
+WEBHOOK_NAME: Final = "vnodemaintenance.kb.io"
+WEBHOOK_PATH: Final = "/validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance"
+MASTER_ROLE_LABEL: Final = "node-role.kubernetes.io/master"
+CONTROL_PLANE_ROLE_LABEL: Final = "node-role.kubernetes.io/control-plane"
+ETCD_NAMESPACE: Final = "openshift-etcd"
+ETCD_GUARD_PDB: Final = "etcd-guard-pdb"
+ETCD_GUARD_PDB_OLD: Final = "etcd-quorum-guard"
+OPENSHIFT_CONFIG_GROUP_VERSION: Final = "config.openshift.io/v1"
+
+# Drain (kubectl drain's wording).
+MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+
+# Install names the troubleshooting guide uses.
+OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"
+OPERATOR_SERVICE_ACCOUNT: Final = "node-maintenance-operator-controller-manager"
+OPERATOR_POD_LABEL: Final = ("control-plane", "controller-manager")
+LEADER_ELECTION_ID: Final = "135b1886.medik8s.io"
+DEFAULT_CERT_DIR: Final = "/apiserver.local.config/certificates"
+FIELD_MANAGER: Final = "nmo"
+
+
+def lease_name(node_name: str) -> str:
+    """The medik8s lease name for a node (lower case, as the Go operators do)."""
+    return f"{LEASE_PREFIX}{node_name}".lower()
+
+
+class Messages:
+    """Exact message texts of the Go operator (errors, statuses, webhook)."""
+
+    NODE_NOT_FOUND: Final = 'nodes "{node}" not found'
+    LEASE_FOREIGN: Final = (
+        "can't update or invalidate the lease because it is held by different owner: {holder}"
+    )
+    LEASE_EXHAUSTED: Final = (
+        "maintenance failed: lease could not be extended after {count} attempts"
+    )
+    WEBHOOK_NO_NODE: Final = "invalid nodeName, no node with name {node} found"
+    WEBHOOK_DUPLICATE: Final = "invalid nodeName, a NodeMaintenance for node {node} already exists"
+    WEBHOOK_QUORUM: Final = (
+        "can not put master/control-plane node into maintenance at this moment, "
+        "disrupting node {node} will violate etcd quorum"
+    )
+    WEBHOOK_NODENAME_CHANGED: Final = "updating spec.NodeName isn't allowed"
+    WEBHOOK_RETRY: Final = "{what}, please try again: {err}"

@@ -1,0 +1,132 @@
+"""Typed models of the NodeMaintenance custom resource.
+
+The JSON field names are NMO's exactly (note the lower-case ``totalpods``).
+These models are the single source of truth for the CRD schema
+(:mod:`nmo.api.crd` derives the OpenAPI schema from them), and every object
+read from the API server is parsed into them once, at the edge.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nmo.api import constants as c
+
+
+class Phase(StrEnum):
+    """Maintenance phases, as NMO spells them."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class NodeMaintenanceSpec(_Model):
+    """What the user asks for."""
+
+    node_name: str = Field(
+        alias="nodeName", min_length=1, description="Node to put into maintenance."
+    )
+    reason: str | None = Field(default=None, description="Why the node is in maintenance.")
+
+
+class PodReference(_Model):
+    """A pod named by namespace and name (NMO's ``pendingPodsRefs`` items)."""
+
+    namespace: str = Field(description="Namespace of the pod.")
+    name: str = Field(description="Name of the pod.")
+
+
+class PendingPodDetail(_Model):
+    """Why one pod is still on the node (nmo addition, B9)."""
+
+    namespace: str = Field(description="Namespace of the pod.")
+    name: str = Field(description="Name of the pod.")
+    reason: str = Field(
+        description="Machine-readable reason: DisruptionBudget, NamespaceTerminating, "
+        "Terminating, MultiplePDBs, EvictionError or Waiting."
+    )
+    message: str = Field(default="", description="Human-readable explanation.")
+    disruption_budget: str | None = Field(
+        default=None, alias="disruptionBudget", description="PDB blocking the eviction."
+    )
+    since: datetime | None = Field(
+        default=None, description="When the pod started to be in this state."
+    )
+
+
+class NodeMaintenanceStatus(_Model):
+    """Observed state of the maintenance (NMO's field names)."""
+
+    phase: Phase | None = Field(default=None, description="Running, Succeeded or Failed.")
+    drain_progress: int | None = Field(
+        default=None, alias="drainProgress", description="Percentage of evicted pods."
+    )
+    last_update: datetime | None = Field(
+        default=None, alias="lastUpdate", description="Last time the status changed."
+    )
+    last_error: str | None = Field(
+        default=None, alias="lastError", description="Latest error, cleared on success."
+    )
+    pending_pods: list[str] | None = Field(
+        default=None, alias="pendingPods", description="Names of pods still to evict."
+    )
+    pending_pods_refs: list[PodReference] | None = Field(
+        default=None, alias="pendingPodsRefs", description="Pods still to evict."
+    )
+    pending_pods_details: list[PendingPodDetail] | None = Field(
+        default=None,
+        alias="pendingPodsDetails",
+        description="Why each pending pod is still pending (nmo addition).",
+    )
+    total_pods: int | None = Field(
+        default=None, alias="totalpods", description="Pods on the node when maintenance began."
+    )
+    eviction_pods: int | None = Field(
+        default=None, alias="evictionPods", description="Pods to evict when maintenance began."
+    )
+    error_on_lease_count: int | None = Field(
+        default=None, alias="errorOnLeaseCount", description="Consecutive lease errors."
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The status as the API expects it (JSON names, RFC 3339 times)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ObjectMeta(_Model):
+    """The parts of metadata nmo reads."""
+
+    name: str
+    uid: str = ""
+    resource_version: str = Field(default="", alias="resourceVersion")
+    generation: int = 0
+    creation_timestamp: datetime | None = Field(default=None, alias="creationTimestamp")
+    deletion_timestamp: datetime | None = Field(default=None, alias="deletionTimestamp")
+    finalizers: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    owner_references: list[dict[str, Any]] = Field(default_factory=list, alias="ownerReferences")
+
+
+class NodeMaintenance(_Model):
+    """A NodeMaintenance object as read from the API server."""
+
+    api_version: str = Field(default=c.API_VERSION, alias="apiVersion")
+    kind: str = c.KIND
+    metadata: ObjectMeta
+    spec: NodeMaintenanceSpec
+    status: NodeMaintenanceStatus = Field(default_factory=NodeMaintenanceStatus)
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> NodeMaintenance:
+        """Parse an object from the API server."""
+        return cls.model_validate(obj)

@@ -1,0 +1,114 @@
+"""nmo's own error vocabulary for talking to the API server.
+
+Only :mod:`nmo.core.kube` raises these (translating kr8s/httpx failures with
+``raise ... from``); everything else catches these and never a client's
+exception types.
+
+    KubeError
+    ├── NotFound            404
+    ├── Conflict            409 (resourceVersion mismatch, AlreadyExists)
+    ├── Gone                410 (watch resourceVersion too old)
+    ├── Invalid             422
+    ├── Forbidden           403 (RBAC, or NamespaceTerminating on eviction)
+    ├── Unauthorized        401
+    ├── TooManyRequests     429 (PDB on eviction, or API priority and fairness)
+    └── Transient           5xx, timeouts, dropped connections
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KubeError(Exception):
+    """An API request failed."""
+
+    status_code: int = 0
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        reason: str = "",
+        body: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status_code is not None:
+            self.status_code = status_code
+        self.reason = reason
+        self.body: dict[str, Any] = body or {}
+        self.retry_after = retry_after
+
+    @property
+    def causes(self) -> list[dict[str, Any]]:
+        """The Status object's ``details.causes`` (e.g. NamespaceTerminating)."""
+        details = self.body.get("details") or {}
+        causes = details.get("causes") or []
+        return [c for c in causes if isinstance(c, dict)]
+
+    def has_cause(self, cause_type: str) -> bool:
+        return any(c.get("type") == cause_type for c in self.causes)
+
+
+class NotFound(KubeError):
+    status_code = 404
+
+
+class Conflict(KubeError):
+    status_code = 409
+
+
+class Gone(KubeError):
+    status_code = 410
+
+
+class Invalid(KubeError):
+    status_code = 422
+
+
+class Forbidden(KubeError):
+    status_code = 403
+
+
+class Unauthorized(KubeError):
+    status_code = 401
+
+
+class TooManyRequests(KubeError):
+    status_code = 429
+
+
+class Transient(KubeError):
+    """A failure worth retrying: 5xx, a timeout or a dropped connection."""
+
+
+_BY_STATUS: dict[int, type[KubeError]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: TooManyRequests,
+}
+
+
+def error_for_status(
+    status_code: int, body: dict[str, Any], *, retry_after: float | None = None
+) -> KubeError:
+    """Build the nmo error for an HTTP error response."""
+    message = str(body.get("message") or f"HTTP {status_code}")
+    reason = str(body.get("reason") or "")
+    cls = _BY_STATUS.get(status_code)
+    if cls is None:
+        cls = Transient if status_code >= 500 else KubeError
+    return cls(
+        message,
+        status_code=status_code,
+        reason=reason,
+        body=body,
+        retry_after=retry_after,
+    )

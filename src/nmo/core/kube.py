@@ -1,0 +1,285 @@
+"""The one boundary between nmo and the API server (the only kr8s user).
+
+kr8s gives nmo authentication (kubeconfig, in-cluster service account, exec
+plugins) and a shared httpx client. Everything else a long-running operator
+needs is owned here: nmo's own errors (:mod:`nmo.core.errors`), finite
+timeouts, retries with capped jittered backoff that honour ``Retry-After``, a
+bound on concurrent requests (kr8s's pool has 100 connections and no pool
+timeout), and raw streaming for the watch loop.
+
+Requests are made with ``raise_for_status=False`` on purpose: kr8s answers a
+401/403 by re-authenticating and recreating the shared client, which would
+kill every open watch; a 403 is often a normal answer for nmo (an eviction in
+a terminating namespace), so nmo reads the status code itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kr8s
+import kr8s.asyncio
+
+from nmo.core.errors import KubeError, Transient, error_for_status
+
+log = logging.getLogger("nmo.kube")
+
+_SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+Params = Mapping[str, str | int | bool]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the boundary retries transient failures and 429s."""
+
+    attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        """Capped exponential backoff with full jitter; Retry-After is a floor."""
+        backoff = min(self.max_delay, self.base_delay * (2**attempt))
+        jittered = random.uniform(backoff / 2, backoff)
+        if retry_after is not None:
+            return min(self.max_delay, max(retry_after, jittered))
+        return jittered
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds form only)."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def api_path(
+    group_version: str,
+    plural: str,
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` for a resource."""
+    base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+    parts = [base]
+    if namespace:
+        parts += ["namespaces", namespace]
+    parts.append(plural)
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def _split(path: str) -> tuple[str, str]:
+    """Split a path into kr8s's (base, url) so it rebuilds the same path."""
+    base, _, last = path.rstrip("/").rpartition("/")
+    return base, last
+
+
+class Kube:
+    """An authenticated API client with nmo's errors, retries and bounds."""
+
+    def __init__(
+        self,
+        api: Any,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        max_in_flight: int = 64,
+    ) -> None:
+        self._api = api
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self._api.timeout = self._timeout
+        self.retry = retry or RetryPolicy()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self.requests_total = 0
+
+    @classmethod
+    async def connect(
+        cls,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
+        timeout: float = 30.0,
+        max_in_flight: int = 64,
+    ) -> Kube:
+        """Authenticate from a kubeconfig, or the in-cluster service account."""
+        try:
+            if in_cluster:
+                api = await kr8s.asyncio.api(
+                    serviceaccount="/var/run/secrets/kubernetes.io/serviceaccount"
+                )
+            else:
+                api = await kr8s.asyncio.api(kubeconfig=kubeconfig, context=context)
+        except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+            raise Transient(f"cannot reach the API server: {exc}") from exc
+        except kr8s.ServerError as exc:
+            code = exc.response.status_code if exc.response is not None else 0
+            raise error_for_status(code, {"message": str(exc)}) from exc
+        return cls(api, timeout=timeout, max_in_flight=max_in_flight)
+
+    @property
+    def server(self) -> str:
+        return str(self._api.auth.server)
+
+    async def close(self) -> None:
+        session = getattr(self._api, "_session", None)
+        if session is not None:
+            await session.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry: bool = True,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """One API call with retries; returns the decoded JSON body."""
+        attempt = 0
+        while True:
+            try:
+                return await self._once(method, path, params, body, content_type, timeout)
+            except KubeError as exc:
+                retryable = isinstance(exc, Transient) or exc.status_code == 429
+                if not retry or not retryable or attempt + 1 >= self.retry.attempts:
+                    raise
+                delay = self.retry.delay(attempt, exc.retry_after)
+                log.debug(
+                    "retrying request",
+                    extra={"method": method, "path": path, "error": str(exc), "delay": delay},
+                )
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    async def _once(
+        self,
+        method: str,
+        path: str,
+        params: Params | None,
+        body: Any,
+        content_type: str,
+        timeout: float | None,
+    ) -> dict[str, Any]:
+        base, url = _split(path)
+        kwargs: dict[str, Any] = {}
+        if params:
+            kwargs["params"] = {k: _param(v) for k, v in params.items()}
+        if body is not None:
+            kwargs["content"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        if timeout is not None:
+            kwargs["timeout"] = httpx.Timeout(timeout, connect=10.0)
+        async with self._slots:
+            self.requests_total += 1
+            try:
+                async with self._api.call_api(
+                    method, version="", base=base, url=url, raise_for_status=False, **kwargs
+                ) as response:
+                    return _decode(response)
+            except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+                raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def get(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
+        return await self.request("GET", path, params=params)
+
+    async def list_all(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
+        """LIST with pagination; returns one list object (items and resourceVersion)."""
+        query: dict[str, str | int | bool] = {"limit": 500, **(params or {})}
+        items: list[dict[str, Any]] = []
+        while True:
+            page = await self.get(path, params=query)
+            items.extend(page.get("items") or [])
+            cont = (page.get("metadata") or {}).get("continue")
+            if not cont:
+                page["items"] = items
+                return page
+            query["continue"] = cont
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("POST", path, body=body)
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+
+    async def json_patch(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self.request(
+            "PATCH", path, body=ops, content_type="application/json-patch+json"
+        )
+
+    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request("PUT", path, body=body)
+
+    async def delete(self, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return await self.request("DELETE", path, body=body)
+
+    async def stream(
+        self, path: str, *, params: Params, read_timeout: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream a watch: yields each decoded event line until the server ends it."""
+        base, url = _split(path)
+        self.requests_total += 1
+        try:
+            async with self._api.call_api(
+                "GET",
+                version="",
+                base=base,
+                url=url,
+                raise_for_status=False,
+                stream=True,
+                params={k: _param(v) for k, v in params.items()},
+                timeout=httpx.Timeout(10.0, read=read_timeout),
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    _decode(response)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+            raise Transient(f"watch {path}: {type(exc).__name__}: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise Transient(f"watch {path}: malformed event: {exc}") from exc
+
+
+def _param(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _decode(response: httpx.Response) -> dict[str, Any]:
+    """JSON body of a response, or the matching nmo error."""
+    try:
+        data = response.json() if response.content else {}
+    except json.JSONDecodeError:
+        data = {"message": response.text[:500]}
+    if not isinstance(data, dict):
+        data = {"message": str(data)[:500]}
+    if response.status_code >= 400:
+        raise error_for_status(
+            response.status_code,
+            data,
+            retry_after=parse_retry_after(response.headers.get("Retry-After")),
+        )
+    return data
