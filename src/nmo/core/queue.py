@@ -1,0 +1,105 @@
+"""A work queue of reconcile keys (the semantics of client-go's workqueue).
+
+Guarantees:
+- a key is queued at most once however often it is added (deduplication);
+- a key is never handed to two workers at once: adding a key that is being
+  processed marks it dirty, and it is queued again when ``done`` is called;
+- ``add_after`` delays a key without holding any worker (one timer per key,
+  the earliest wins);
+- ``backoff`` gives per-key capped exponential delays, ``forget`` resets them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+
+class WorkQueue:
+    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
+        self._ready: asyncio.Queue[str | None] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty: set[str] = set()
+        self._timers: dict[str, tuple[float, asyncio.TimerHandle]] = {}
+        self._failures: dict[str, int] = {}
+        self._shutdown = False
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    @property
+    def processing(self) -> int:
+        return len(self._processing)
+
+    def add(self, key: str) -> None:
+        if self._shutdown:
+            return
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._ready.put_nowait(key)
+
+    def add_after(self, key: str, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay
+        existing = self._timers.get(key)
+        if existing is not None:
+            if existing[0] <= when:
+                return
+            existing[1].cancel()
+        handle = loop.call_at(when, self._fire, key)
+        self._timers[key] = (when, handle)
+
+    def _fire(self, key: str) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def backoff(self, key: str) -> float:
+        """Requeue with per-key exponential backoff; returns the delay used."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        delay = min(self.max_delay, self.base_delay * 2**failures)
+        delay = random.uniform(delay / 2, delay)  # noqa: S311 - jitter
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    def failures(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    async def get(self) -> str | None:
+        """The next key (marked as processing), or None after shutdown."""
+        while True:
+            key = await self._ready.get()
+            if key is None or self._shutdown:
+                self._ready.put_nowait(None)  # wake the next worker too
+                return None
+            if key not in self._queued:
+                continue
+            self._queued.discard(key)
+            self._processing.add(key)
+            return key
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    async def shutdown(self) -> None:
+        self._shutdown = True
+        for _, handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        self._ready.put_nowait(None)

@@ -1,0 +1,195 @@
+"""List-then-watch: an in-memory mirror of one resource kind.
+
+kr8s's own watch does not reconnect, hot-loops on 410 and never asks for
+bookmarks, so nmo runs its own loop (the shape client-go's reflector has):
+
+1. LIST (paginated) and take the list's resourceVersion; replace the store
+   and report the differences to the handlers;
+2. WATCH from that resourceVersion with ``allowWatchBookmarks`` and a server
+   side ``timeoutSeconds``; apply each event, remember its resourceVersion;
+3. a clean end of the stream resumes from the last resourceVersion, a 410
+   (or an ERROR event with code 410) re-LISTs, any other failure backs off
+   (capped, jittered) and resumes.
+
+Guarantees: handlers see every change at least once (possibly coalesced after
+a re-LIST), ``synced`` is set after the first LIST, and a dropped stream or a
+restarting apiserver never produces a request storm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nmo.core.errors import Gone, KubeError, Transient
+from nmo.core.kube import Kube
+
+log = logging.getLogger("nmo.watch")
+
+Obj = dict[str, Any]
+# handler(event_type, new_or_last_object, old_object_or_None)
+Handler = Callable[[str, Obj, Obj | None], None]
+IndexFunc = Callable[[Obj], str | None]
+
+
+def object_key(obj: Obj) -> str:
+    """``namespace/name`` for namespaced objects, ``name`` otherwise."""
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    name = str(meta.get("name", ""))
+    return f"{ns}/{name}" if ns else name
+
+
+def _slim(obj: Obj) -> Obj:
+    """Drop managedFields: nmo never reads them and they dominate memory."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+class Informer:
+    """Keeps ``store`` equal to the server's view of one resource."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        path: str,
+        *,
+        name: str,
+        params: Mapping[str, str] | None = None,
+        timeout_seconds: int = 300,
+        max_backoff: float = 30.0,
+        index: IndexFunc | None = None,
+    ) -> None:
+        self.kube = kube
+        self.path = path
+        self.name = name
+        self.params = dict(params or {})
+        self.timeout_seconds = timeout_seconds
+        self.max_backoff = max_backoff
+        self.store: dict[str, Obj] = {}
+        self.synced = asyncio.Event()
+        self.handlers: list[Handler] = []
+        self._index_func = index
+        self.index: dict[str, set[str]] = {}
+        self.resource_version: str | None = None
+        self.lists = 0
+        self.watches = 0
+
+    def add_handler(self, handler: Handler) -> None:
+        self.handlers.append(handler)
+
+    def get(self, key: str) -> Obj | None:
+        return self.store.get(key)
+
+    def by_index(self, value: str) -> list[Obj]:
+        return [self.store[k] for k in self.index.get(value, ()) if k in self.store]
+
+    def _index_put(self, key: str, old: Obj | None, new: Obj | None) -> None:
+        if self._index_func is None:
+            return
+        if old is not None:
+            value = self._index_func(old)
+            if value is not None:
+                self.index.get(value, set()).discard(key)
+        if new is not None:
+            value = self._index_func(new)
+            if value is not None:
+                self.index.setdefault(value, set()).add(key)
+
+    def _emit(self, event: str, obj: Obj, old: Obj | None) -> None:
+        for handler in self.handlers:
+            try:
+                handler(event, obj, old)
+            except Exception:
+                log.exception("watch handler failed", extra={"informer": self.name})
+
+    def _apply(self, event: str, obj: Obj) -> None:
+        obj = _slim(obj)
+        key = object_key(obj)
+        old = self.store.get(key)
+        if event == "DELETED":
+            self.store.pop(key, None)
+            self._index_put(key, old, None)
+        else:
+            self.store[key] = obj
+            self._index_put(key, old, obj)
+        self._emit(event, obj, old)
+
+    async def _relist(self) -> None:
+        page = await self.kube.list_all(self.path, params=self.params)
+        self.lists += 1
+        fresh = {object_key(o): _slim(o) for o in page.get("items") or []}
+        for key in list(self.store):
+            if key not in fresh:
+                gone = self.store.pop(key)
+                self._index_put(key, gone, None)
+                self._emit("DELETED", gone, gone)
+        for key, obj in fresh.items():
+            old = self.store.get(key)
+            self.store[key] = obj
+            self._index_put(key, old, obj)
+            if old is None:
+                self._emit("ADDED", obj, None)
+            elif old.get("metadata", {}).get("resourceVersion") != obj["metadata"].get(
+                "resourceVersion"
+            ):
+                self._emit("MODIFIED", obj, old)
+        self.resource_version = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        self.synced.set()
+
+    async def _watch_once(self) -> None:
+        params: dict[str, str | int | bool] = {
+            **self.params,
+            "watch": True,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": self.timeout_seconds,
+        }
+        if self.resource_version:
+            params["resourceVersion"] = self.resource_version
+        self.watches += 1
+        async for event in self.kube.stream(
+            self.path, params=params, read_timeout=self.timeout_seconds + 30
+        ):
+            kind = event.get("type")
+            obj = event.get("object") or {}
+            if kind == "ERROR":
+                code = int(obj.get("code") or 0)
+                if code == 410:
+                    raise Gone(str(obj.get("message", "resourceVersion too old")), status_code=410)
+                raise Transient(f"watch error event: {obj.get('message')}", status_code=code)
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if kind == "BOOKMARK":
+                if rv:
+                    self.resource_version = str(rv)
+                continue
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                self._apply(kind, obj)
+                if rv:
+                    self.resource_version = str(rv)
+
+    async def run(self) -> None:
+        """Run forever (cancel to stop)."""
+        failures = 0
+        while True:
+            try:
+                if self.resource_version is None:
+                    await self._relist()
+                await self._watch_once()
+                failures = 0
+            except Gone:
+                log.info("watch expired, re-listing", extra={"informer": self.name})
+                self.resource_version = None
+            except KubeError as exc:
+                failures += 1
+                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
+                delay = random.uniform(delay / 2, delay)  # noqa: S311 - jitter
+                log.warning(
+                    "watch interrupted, retrying",
+                    extra={"informer": self.name, "error": str(exc), "delay": round(delay, 2)},
+                )
+                await asyncio.sleep(delay)
