@@ -6,7 +6,8 @@ exception types.
 
     KubeError
     ├── NotFound            404
-    ├── Conflict            409 (resourceVersion mismatch, AlreadyExists)
+    ├── Conflict            409 (resourceVersion mismatch)
+    │   └── AlreadyExists   409 with reason AlreadyExists
     ├── Gone                410 (watch resourceVersion too old)
     ├── Invalid             422
     ├── Forbidden           403 (RBAC, or NamespaceTerminating on eviction)
@@ -61,6 +62,10 @@ class Conflict(KubeError):
     status_code = 409
 
 
+class AlreadyExists(Conflict):
+    """409 with reason AlreadyExists (a create raced another)."""
+
+
 class Gone(KubeError):
     status_code = 410
 
@@ -103,6 +108,8 @@ def error_for_status(
     message = str(body.get("message") or f"HTTP {status_code}")
     reason = str(body.get("reason") or "")
     cls = _BY_STATUS.get(status_code)
+    if status_code == 409 and reason == "AlreadyExists":
+        cls = AlreadyExists
     if cls is None:
         cls = Transient if status_code >= 500 else KubeError
     return cls(

@@ -68,7 +68,7 @@ class WorkQueue:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         delay = min(self.max_delay, self.base_delay * 2**failures)
-        delay = random.uniform(delay / 2, delay)  # noqa: S311 - jitter
+        delay = random.uniform(delay / 2, delay)
         self.add_after(key, delay)
         return delay
 

@@ -187,7 +187,7 @@ class Informer:
             except KubeError as exc:
                 failures += 1
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                delay = random.uniform(delay / 2, delay)  # noqa: S311 - jitter
+                delay = random.uniform(delay / 2, delay)
                 log.warning(
                     "watch interrupted, retrying",
                     extra={"informer": self.name, "error": str(exc), "delay": round(delay, 2)},
