@@ -28,6 +28,7 @@ __all__ = [
     "Layout",
     "Ports",
     "command",
+    "component_env",
     "kubeconfig_yaml",
     "stage_files",
     "write_audit_policy",

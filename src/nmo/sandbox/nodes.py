@@ -18,7 +18,9 @@ from nmo.sandbox.components import KWOK_NODE_ANNOTATION
 __all__ = ["NODE_CAPACITY", "node_is_ready", "node_manifest"]
 
 NODE_CAPACITY = {"cpu": "32", "memory": "256Gi", "pods": "1000"}
-_UNSCHEDULABLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+_UNSCHEDULABLE_TAINTS = frozenset(
+    {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}
+)
 
 
 def node_manifest(name: str, *, labels: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -87,7 +88,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=full_env,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig(os.getpid()) if die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=_set_pdeathsig(os.getpid()) if die_with_parent else None,
         )
 
 
@@ -96,7 +97,8 @@ def kill_groups(refs: Iterable[ProcessRef], *, grace: float = 5.0) -> None:
 
     Returns once every listed process is gone (or after a final short wait).
     """
-    targets = [r for r in refs if r.alive()]
+    all_refs = list(refs)
+    targets = [r for r in all_refs if r.alive()]
     for ref in targets:
         _signal_group(ref, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -113,6 +115,8 @@ def kill_groups(refs: Iterable[ProcessRef], *, grace: float = 5.0) -> None:
         targets = [r for r in targets if r.alive()]
         if targets:
             time.sleep(0.05)
+    # A child that died between two polls is a zombie until waited for.
+    _reap(all_refs)
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -147,8 +151,6 @@ def free_ports(count: int) -> list[int]:
     distinct; another process may still grab one before the component binds
     it, which start-up reports as that component failing.
     """
-    import socket
-
     socks: list[socket.socket] = []
     try:
         for _ in range(count):

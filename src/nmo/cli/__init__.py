@@ -1,0 +1,220 @@
+"""The ``nmo`` command: ``run``, ``sandbox``, ``demo``, ``crd``, ``version``.
+
+The CLI is the only place that wires things together: it builds the
+settings from flags and environment, creates the API client, the metrics
+registry and the engine, and hands them down (no global state).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nmo import __version__
+from nmo.api import constants as c
+from nmo.api.crd import crd
+from nmo.core import logsetup
+from nmo.core.engine import Engine, EngineSettings
+from nmo.core.errors import KubeError
+from nmo.core.kube import Kube
+from nmo.core.metrics import Metrics
+from nmo.core.reconciler import ReconcilerSettings
+
+log = logging.getLogger("nmo.cli")
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nmo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator (reconcilers, webhook, probes, metrics)")
+    conn = run.add_argument_group("connection")
+    conn.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    conn.add_argument("--context", default=None)
+    conn.add_argument("--in-cluster", action="store_true", help="use the pod's service account")
+    eng = run.add_argument_group("maintenance engine")
+    eng.add_argument(
+        "--max-concurrent-reconciles",
+        type=int,
+        default=_env_int("NMO_MAX_CONCURRENT_RECONCILES", 10),
+    )
+    eng.add_argument(
+        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 50)
+    )
+    eng.add_argument(
+        "--lease-namespace",
+        default=os.environ.get(c.LEASE_NAMESPACE_ENV) or c.LEASE_NAMESPACE_DEFAULT,
+        help="namespace of the medik8s node leases (env LEASE_NAMESPACE)",
+    )
+    eng.add_argument(
+        "--lease-renew-interval",
+        type=float,
+        default=300.0,
+        help="seconds between background lease renewals",
+    )
+    eng.add_argument(
+        "--status-interval",
+        type=float,
+        default=1.0,
+        help="minimum seconds between drain status writes per CR",
+    )
+    le = run.add_argument_group("leader election")
+    le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    le.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE") or c.OPERATOR_NAMESPACE,
+    )
+    le.add_argument("--leader-election-id", default=c.LEADER_ELECTION_ID)
+    le.add_argument("--leader-lease-duration", type=float, default=15.0)
+    le.add_argument("--leader-renew-deadline", type=float, default=10.0)
+    le.add_argument("--leader-retry-period", type=float, default=2.0)
+    le.add_argument("--identity", default=os.environ.get("POD_NAME") or None)
+    srv = run.add_argument_group("servers")
+    srv.add_argument("--bind-address", default="0.0.0.0")
+    srv.add_argument("--webhook-port", type=int, default=9443)
+    srv.add_argument("--health-probe-port", type=int, default=8081)
+    srv.add_argument("--metrics-port", type=int, default=8443)
+    srv.add_argument(
+        "--metrics-secure",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve /metrics over TLS with TokenReview/SubjectAccessReview",
+    )
+    srv.add_argument("--cert-dir", default=c.DEFAULT_CERT_DIR)
+    srv.add_argument("--enable-webhook", action=argparse.BooleanOptionalAction, default=True)
+    srv.add_argument(
+        "--require-webhook-for-readiness", action=argparse.BooleanOptionalAction, default=True
+    )
+    logs = run.add_argument_group("logging")
+    logs.add_argument("--log-format", choices=["text", "json"], default="text")
+    logs.add_argument("--log-level", default="info")
+
+    sb = sub.add_parser("sandbox", help="a real local control plane (etcd, apiserver, kwok...)")
+    sbs = sb.add_subparsers(dest="sandbox_command", required=True)
+    up = sbs.add_parser("up", help="start the sandbox in DIR")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--timeout", type=float, default=180.0)
+    down = sbs.add_parser("down", help="stop the sandbox in DIR and remove its state")
+    down.add_argument("--dir", required=True)
+    env = sbs.add_parser("env", help="print shell exports for eval")
+    env.add_argument("--dir", required=True)
+
+    demo = sub.add_parser("demo", help="the maintenance story on a local sandbox")
+    demo.add_argument("--dir", default=None, help="sandbox dir (default: a temporary one)")
+    demo.add_argument("--keep", action="store_true", help="leave the sandbox running")
+
+    sub.add_parser("crd", help="print the NodeMaintenance CRD as YAML")
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def engine_settings(args: argparse.Namespace) -> EngineSettings:
+    settings = EngineSettings(
+        lease_namespace=args.lease_namespace,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
+        max_parallel_evictions=args.max_parallel_evictions,
+        lease_renew_interval=args.lease_renew_interval,
+        leader_election=args.leader_elect,
+        leader_election_namespace=args.leader_election_namespace,
+        leader_election_id=args.leader_election_id,
+        leader_lease_duration=args.leader_lease_duration,
+        leader_renew_deadline=args.leader_renew_deadline,
+        leader_retry_period=args.leader_retry_period,
+        reconciler=ReconcilerSettings(status_interval=args.status_interval),
+    )
+    if args.identity:
+        settings.identity = args.identity
+    return settings
+
+
+async def run(args: argparse.Namespace) -> int:
+    for name, value in (
+        ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
+        ("--max-parallel-evictions", args.max_parallel_evictions),
+    ):
+        if value < 1:
+            log.error("%s must be at least 1 (got %d)", name, value)
+            return 2
+    try:
+        kube = await Kube.connect(
+            kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
+        )
+    except Exception as exc:
+        log.error("cannot connect to the Kubernetes API: %s", exc)
+        return 1
+    metrics = Metrics()
+    engine = Engine(kube, engine_settings(args), metrics)
+    log.info(
+        "nmo %s starting maintenance operator (api %s, lease namespace %s)",
+        __version__,
+        kube.server,
+        args.lease_namespace,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(engine.run(), name="engine")]
+    tasks += await _servers(args, kube, engine, metrics)
+    stopper = asyncio.create_task(stop.wait(), name="signal")
+    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    for task in done:
+        if task is not stopper and task.exception() is not None:
+            log.error("task %s failed: %r", task.get_name(), task.exception())
+            code = 1
+    log.info("nmo shutting down")
+    await engine.shutdown()
+    for task in [*tasks, stopper]:
+        task.cancel()
+    await asyncio.gather(*tasks, stopper, return_exceptions=True)
+    await kube.close()
+    return code
+
+
+async def _servers(
+    args: argparse.Namespace, kube: Kube, engine: Engine, metrics: Metrics
+) -> list[asyncio.Task[Any]]:
+    """The FastAPI side (webhook, probes, metrics) in this event loop."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"nmo {__version__}")
+        return 0
+    if args.command == "crd":
+        print(yaml.safe_dump(crd(), sort_keys=False), end="")
+        return 0
+    if args.command == "run":
+        logsetup.setup(args.log_level, args.log_format)
+        return asyncio.run(run(args))
+    if args.command == "sandbox":
+        from nmo.cli import sandbox
+
+        return sandbox.main(args)
+    if args.command == "demo":
+        from nmo.cli import demo
+
+        logsetup.setup("warning", "text")
+        return asyncio.run(demo.main(Path(args.dir) if args.dir else None, keep=args.keep))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

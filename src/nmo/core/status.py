@@ -1,0 +1,160 @@
+"""Status transitions of a NodeMaintenance, as pure functions.
+
+Each function takes the current status and observations and returns the
+new status; the reconciler writes it only when it differs (ignoring
+``lastUpdate``), and fires an event only when the persisted phase actually
+changes, so events fire once per transition (B4) and a 1,000-pod drain does
+not write 1,000 statuses.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from nmo.api import constants as c
+from nmo.api.models import (
+    NodeMaintenanceStatus,
+    PendingPodDetail,
+    Phase,
+    PodReference,
+)
+
+
+def progress(eviction_pods: int, pending: int) -> int:
+    """NMO's formula, clamped: (evictionPods - pending) * 100 // evictionPods."""
+    if eviction_pods <= 0:
+        return 100 if pending == 0 else 0
+    return max(0, min(100, (eviction_pods - pending) * 100 // eviction_pods))
+
+
+def first_pass(
+    status: NodeMaintenanceStatus, *, pending: list[PodReference], total_pods: int, now: datetime
+) -> NodeMaintenanceStatus:
+    """Phase empty -> Running with the drain's starting figures (A2.2)."""
+    if status.phase is not None:
+        return status
+    return status.model_copy(
+        update={
+            "phase": Phase.RUNNING,
+            "last_update": now,
+            "pending_pods": [p.name for p in pending],
+            "pending_pods_refs": pending,
+            "eviction_pods": len(pending),
+            "total_pods": total_pods,
+            "drain_progress": 0,
+            "error_on_lease_count": status.error_on_lease_count or 0,
+        }
+    )
+
+
+def failed(status: NodeMaintenanceStatus, *, error: str, now: datetime) -> NodeMaintenanceStatus:
+    return status.model_copy(
+        update={"phase": Phase.FAILED, "last_error": error, "last_update": now}
+    )
+
+
+def node_not_found(
+    status: NodeMaintenanceStatus, node: str, now: datetime
+) -> NodeMaintenanceStatus:
+    return failed(status, error=c.Messages.NODE_NOT_FOUND.format(node=node), now=now)
+
+
+def duplicate(status: NodeMaintenanceStatus, node: str, now: datetime) -> NodeMaintenanceStatus:
+    return failed(status, error=c.Messages.WEBHOOK_DUPLICATE.format(node=node), now=now)
+
+
+def is_duplicate_failure(status: NodeMaintenanceStatus, node: str) -> bool:
+    return (
+        status.phase is Phase.FAILED
+        and status.last_error == c.Messages.WEBHOOK_DUPLICATE.format(node=node)
+    )
+
+
+def lease_error(
+    status: NodeMaintenanceStatus, *, error: str, counted: bool, now: datetime
+) -> NodeMaintenanceStatus:
+    """Record a lease error; ``counted`` errors increment errorOnLeaseCount (A5)."""
+    count = (status.error_on_lease_count or 0) + (1 if counted else 0)
+    if count > c.MAX_LEASE_ERRORS:
+        return status.model_copy(
+            update={
+                "phase": Phase.FAILED,
+                "error_on_lease_count": count,
+                "last_error": c.Messages.LEASE_EXHAUSTED.format(count=count),
+                "last_update": now,
+            }
+        )
+    return status.model_copy(
+        update={"error_on_lease_count": count, "last_error": error, "last_update": now}
+    )
+
+
+def lease_ok(status: NodeMaintenanceStatus) -> NodeMaintenanceStatus:
+    if not status.error_on_lease_count:
+        return status
+    return status.model_copy(update={"error_on_lease_count": 0})
+
+
+def draining(
+    status: NodeMaintenanceStatus,
+    *,
+    pending: list[PendingPodDetail],
+    error: str | None,
+    now: datetime,
+) -> NodeMaintenanceStatus:
+    """Pods remain: Running, lists of what remains, progress and why (A2.8, B9)."""
+    eviction_pods = status.eviction_pods or 0
+    if error is None:
+        blocked = [p for p in pending if p.reason not in ("Evicting", "Waiting")]
+        if blocked:
+            first = blocked[0]
+            error = (
+                f"not all pods evicted: {len(pending)} pending; "
+                f"{first.namespace}/{first.name}: {first.message or first.reason}"
+            )
+        else:
+            error = f"not all pods evicted: {len(pending)} pending"
+    return status.model_copy(
+        update={
+            "phase": Phase.RUNNING,
+            "pending_pods": [p.name for p in pending],
+            "pending_pods_refs": [
+                PodReference(namespace=p.namespace, name=p.name) for p in pending
+            ],
+            "pending_pods_details": pending,
+            "drain_progress": progress(eviction_pods, len(pending)),
+            "last_error": error,
+            "last_update": now,
+        }
+    )
+
+
+def succeeded(status: NodeMaintenanceStatus, now: datetime) -> NodeMaintenanceStatus:
+    """All pods gone: Succeeded, 100 %, empty lists, lastError cleared (A2.9, B5)."""
+    update: dict[str, object] = {
+        "phase": Phase.SUCCEEDED,
+        "drain_progress": 100,
+        "pending_pods": [],
+        "pending_pods_refs": [],
+        "pending_pods_details": [],
+        "last_error": None,
+    }
+    if status.phase is not Phase.SUCCEEDED:
+        update["last_update"] = now
+    return status.model_copy(update=update)
+
+
+def differs(a: NodeMaintenanceStatus, b: NodeMaintenanceStatus) -> bool:
+    """Whether writing ``b`` over ``a`` changes anything but lastUpdate."""
+    strip = {"last_update"}
+    return a.model_dump(exclude=strip) != b.model_dump(exclude=strip)
+
+
+def status_patch(new: NodeMaintenanceStatus) -> dict[str, object]:
+    """A merge patch that sets every field and clears the removed ones."""
+    body: dict[str, object] = dict(new.to_api())
+    for name, info in NodeMaintenanceStatus.model_fields.items():
+        alias = info.alias or name
+        if alias not in body:
+            body[alias] = None
+    return body

@@ -1,0 +1,45 @@
+"""A real Kubernetes control plane with kwok nodes, for tests, demos and benchmarks.
+
+Public surface (everything else in this package is an implementation detail)::
+
+    async with Sandbox(dir, nodes=3) as sb:      # or: await sb.start() / sb.stop()
+        async with sb.client() as http: ...       # httpx, admin client certificate
+        await sb.kubectl("get", "nodes")
+
+    up(dir, nodes) / down(dir) / env(dir)        # synchronous, for the CLI
+
+The binaries come from ``make sandbox-bin`` (see :mod:`nmo.sandbox.binaries`).
+This package never imports kr8s: it is the cluster nmo is tested against, not
+a client of nmo's boundary.
+"""
+
+from nmo.sandbox.binaries import Binaries, MissingBinariesError, find_binaries
+from nmo.sandbox.cluster import (
+    ComponentError,
+    Sandbox,
+    SandboxAlreadyRunningError,
+    SandboxError,
+    SandboxNotRunningError,
+    down,
+    env,
+    up,
+)
+from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
+
+__all__ = [
+    "PKI",
+    "Binaries",
+    "ComponentError",
+    "MissingBinariesError",
+    "Sandbox",
+    "SandboxAlreadyRunningError",
+    "SandboxError",
+    "SandboxNotRunningError",
+    "ServingCert",
+    "down",
+    "env",
+    "find_binaries",
+    "generate_pki",
+    "issue_serving_cert",
+    "up",
+]

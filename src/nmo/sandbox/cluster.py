@@ -1,0 +1,619 @@
+"""Run a real Kubernetes control plane with kwok nodes on this machine.
+
+:class:`Sandbox` starts etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok from the cached binaries, on free loopback ports, and
+returns only when the cluster is usable: the apiserver answers ``/readyz``, the
+requested kwok nodes are Ready and schedulable, and the ``default``
+ServiceAccount exists (without it pods cannot be created). A component that
+exits or misses the deadline fails the start with the tail of its log, and
+everything already started is stopped again.
+
+Guarantees about leftovers: each component leads its own process group; the
+state file ``DIR/state.json`` always lists what is running, so ``down`` from
+another process can stop it; a non-persistent sandbox is also killed from
+``atexit``, from SIGTERM/SIGHUP inside ``async with``, and by the kernel
+(PDEATHSIG) if the Python process dies outright.
+
+The CLI uses the synchronous :func:`up`, :func:`down` and :func:`env`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import httpx
+
+from nmo.sandbox.binaries import Binaries, find_binaries
+from nmo.sandbox.components import (
+    COMPONENTS,
+    Layout,
+    Ports,
+    command,
+    component_env,
+    kubeconfig_yaml,
+    write_audit_policy,
+)
+from nmo.sandbox.nodes import node_is_ready, node_manifest
+from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
+from nmo.sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, rss_kib, spawn
+
+__all__ = [
+    "ComponentError",
+    "Sandbox",
+    "SandboxAlreadyRunningError",
+    "SandboxError",
+    "SandboxNotRunningError",
+    "down",
+    "env",
+    "up",
+]
+
+DEFAULT_TIMEOUT = 120.0
+_POLL = 0.1
+_STATE_VERSION = 1
+_USER_AGENT = "nmo-sandbox"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be started, stopped or found."""
+
+
+class SandboxAlreadyRunningError(SandboxError):
+    """``DIR`` already holds a running sandbox."""
+
+
+class SandboxNotRunningError(SandboxError):
+    """``DIR`` holds no sandbox state (nothing to stop or describe)."""
+
+
+class ComponentError(SandboxError):
+    """A component exited or did not get ready; the message ends with its log tail."""
+
+    def __init__(self, component: str, problem: str, tail: str) -> None:
+        self.component = component
+        self.tail = tail
+        super().__init__(f"{problem}\n--- last lines of {component}'s log ---\n{tail}")
+
+
+class Sandbox:
+    """A control plane in ``dir``; use ``async with Sandbox(dir) as sb`` or start/stop.
+
+    ``persistent=True`` (what :func:`up` uses) lets the processes outlive this
+    Python process once :meth:`start` has succeeded.
+    """
+
+    def __init__(
+        self,
+        dir: Path | str,
+        *,
+        nodes: int = 3,
+        timeout: float = DEFAULT_TIMEOUT,
+        persistent: bool = False,
+        binaries: Binaries | None = None,
+    ) -> None:
+        self.layout = Layout(Path(dir).expanduser().resolve())
+        self.nodes = nodes
+        self.timeout = timeout
+        self.persistent = persistent
+        self.timings: dict[str, float] = {}
+        self._bins = binaries
+        self._pki = PKI.at(self.layout.pki_dir)
+        self._ports: Ports | None = None
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._refs: dict[str, ProcessRef] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._atexit = False
+        self._old_handlers: dict[int, Any] = {}
+        self._owns_dir = False  # set once start() has claimed the directory
+
+    # -- where things are -------------------------------------------------
+
+    @property
+    def dir(self) -> Path:
+        return self.layout.dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig
+
+    @property
+    def ca_file(self) -> Path:
+        return self._pki.ca_file
+
+    @property
+    def pki(self) -> PKI:
+        return self._pki
+
+    @property
+    def audit_log(self) -> Path:
+        return self.layout.audit_log
+
+    @property
+    def bin_dir(self) -> Path:
+        return self._binaries().bin_dir
+
+    @property
+    def ports(self) -> Ports:
+        if self._ports is None:
+            raise SandboxError("the sandbox has not been started")
+        return self._ports
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node-{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {name: ref.pid for name, ref in self._refs.items()}
+
+    def log_file(self, component: str) -> Path:
+        return self.layout.log(component)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> Sandbox:
+        self._install_signal_handlers()
+        try:
+            await self.start()
+        except BaseException:
+            self._restore_signal_handlers()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.stop()
+        finally:
+            self._restore_signal_handlers()
+
+    async def start(self) -> None:
+        """Start every component and wait until the cluster is usable."""
+        if self._procs:
+            raise SandboxError(f"the sandbox in {self.dir} is already started")
+        bins = self._binaries()
+        _refuse_if_running(self.layout)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        self._prepare()
+        self.timings = {"pki": time.monotonic() - t0}
+        atexit.register(self._kill_sync)
+        self._atexit = True
+        try:
+            await self._start_component("etcd", bins, deadline, self._etcd_healthy)
+            self.timings["etcd"] = time.monotonic() - t0
+            await self._start_component("kube-apiserver", bins, deadline, self._apiserver_ready)
+            self.timings["kube-apiserver"] = time.monotonic() - t0
+            for name in COMPONENTS[2:]:
+                self._spawn(name, bins)
+            await self._wait(
+                "kube-controller-manager",
+                "kube-controller-manager /healthz",
+                lambda: self._healthz(self.ports.controller_manager),
+                deadline,
+            )
+            await self._wait(
+                "kube-scheduler",
+                "kube-scheduler /healthz",
+                lambda: self._healthz(self.ports.scheduler),
+                deadline,
+            )
+            self.timings["controllers"] = time.monotonic() - t0
+            async with self.client() as http:
+                for name in self.node_names:
+                    await _create_node(http, name, {})
+            await self._wait_nodes(self.node_names, deadline)
+            self.timings["nodes"] = time.monotonic() - t0
+            await self._wait(
+                "kube-controller-manager",
+                "the default ServiceAccount",
+                self._default_sa_exists,
+                deadline,
+            )
+            self.timings["ready"] = time.monotonic() - t0
+            self._write_state()
+        except BaseException:
+            await self.stop()
+            raise
+        if self.persistent:
+            self._unregister_atexit()
+
+    async def stop(self) -> None:
+        """Stop every component (SIGTERM, then SIGKILL) and drop the state file.
+
+        Logs, PKI and kubeconfig stay for inspection; :func:`down` removes all.
+        """
+        refs = list(self._refs.values())
+        self._procs.clear()
+        self._refs.clear()
+        if refs:
+            await asyncio.to_thread(kill_groups, reversed(refs))
+        self._unregister_atexit()
+        if self._owns_dir:
+            self.layout.state_file.unlink(missing_ok=True)
+            shutil.rmtree(self.layout.etcd_dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise :class:`ComponentError` if any started component has exited."""
+        for name, proc in self._procs.items():
+            code = proc.poll()
+            if code is not None:
+                raise ComponentError(
+                    name, f"{name} exited with code {code}", log_tail(self.log_file(name))
+                )
+
+    def rss_kib(self) -> dict[str, int]:
+        """Resident memory of each running component in KiB (from /proc)."""
+        out: dict[str, int] = {}
+        for name, ref in self._refs.items():
+            rss = rss_kib(ref.pid)
+            if rss is not None:
+                out[name] = rss
+        return out
+
+    async def stop_apiserver(self) -> None:
+        """Stop kube-apiserver only (the other components keep retrying)."""
+        ref = self._refs.pop("kube-apiserver", None)
+        self._procs.pop("kube-apiserver", None)
+        if ref is not None:
+            await asyncio.to_thread(kill_groups, [ref])
+        self._write_state()
+
+    async def start_apiserver(self, *, timeout: float | None = None) -> None:
+        """Start kube-apiserver again on the same port and wait for /readyz."""
+        if "kube-apiserver" in self._procs:
+            raise SandboxError("kube-apiserver is already running")
+        deadline = time.monotonic() + (timeout or self.timeout)
+        await self._start_component(
+            "kube-apiserver", self._binaries(), deadline, self._apiserver_ready
+        )
+        self._write_state()
+
+    async def restart_apiserver(self, *, downtime: float = 0.0) -> None:
+        """Stop kube-apiserver, stay down ``downtime`` seconds, start it again."""
+        await self.stop_apiserver()
+        if downtime > 0:
+            await asyncio.sleep(downtime)
+        await self.start_apiserver()
+
+    # -- using the cluster --------------------------------------------------
+
+    def client(self, *, timeout: float = 30.0, user_agent: str = _USER_AGENT) -> httpx.AsyncClient:
+        """An httpx client for the apiserver, authenticated as the admin (system:masters)."""
+        return httpx.AsyncClient(
+            base_url=self.server,
+            verify=self._ssl_context(),
+            timeout=timeout,
+            headers={"User-Agent": user_agent},
+        )
+
+    async def kubectl(
+        self, *args: str, input: str | None = None, check: bool = False, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cached kubectl against this sandbox and capture its output."""
+        argv = [str(self._binaries().path("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(
+                proc.communicate(input.encode() if input is not None else None), timeout
+            )
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        result = subprocess.CompletedProcess(
+            argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        )
+        if check:
+            result.check_returncode()
+        return result
+
+    async def create_node(
+        self, name: str, *, labels: dict[str, str] | None = None, wait: bool = True
+    ) -> dict[str, Any]:
+        """Create a kwok node (idempotent) and, with ``wait``, wait until it is Ready."""
+        async with self.client() as http:
+            node = await _create_node(http, name, labels or {})
+        if wait:
+            await self.wait_nodes_ready([name])
+        return node
+
+    async def delete_node(self, name: str) -> None:
+        """Delete a node; a node that is already gone is fine."""
+        async with self.client() as http:
+            resp = await http.delete(f"/api/v1/nodes/{name}")
+        if resp.status_code not in (200, 202, 404):
+            raise SandboxError(f"deleting node {name}: HTTP {resp.status_code} {resp.text}")
+
+    async def wait_nodes_ready(self, names: Iterable[str], *, timeout: float | None = None) -> None:
+        """Wait until every named node is Ready and schedulable."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        await self._wait_nodes(list(names), deadline)
+
+    def issue_serving_cert(
+        self, dir: Path | str, sans: Sequence[str], *, name: str = "webhook"
+    ) -> ServingCert:
+        """A serving certificate for ``sans`` signed by the sandbox CA, written to ``dir``."""
+        return issue_serving_cert(self.layout.pki_dir, sans, out_dir=Path(dir), name=name)
+
+    # -- internals ----------------------------------------------------------
+
+    def _binaries(self) -> Binaries:
+        if self._bins is None:
+            self._bins = find_binaries()
+        return self._bins
+
+    def _prepare(self) -> None:
+        layout = self.layout
+        self._owns_dir = True
+        for stale in (layout.etcd_dir, layout.run_dir, layout.logs_dir):
+            shutil.rmtree(stale, ignore_errors=True)
+        for d in (layout.dir, layout.logs_dir, layout.run_dir / "kwok"):
+            d.mkdir(parents=True, exist_ok=True)
+        self._pki = generate_pki(layout.pki_dir)
+        self._ssl = None
+        self._ports = Ports(*free_ports(5))
+        layout.kubeconfig.write_text(kubeconfig_yaml(self.server, self._pki))
+        layout.kubeconfig.chmod(0o600)
+        write_audit_policy(layout)
+
+    def _spawn(self, name: str, bins: Binaries) -> None:
+        argv = command(name, bins=bins, layout=self.layout, ports=self.ports, pki=self._pki)
+        proc = spawn(
+            argv,
+            log_file=self.log_file(name),
+            env=component_env(name, self.layout),
+            die_with_parent=not self.persistent,
+        )
+        self._procs[name] = proc
+        self._refs[name] = ProcessRef.of(proc.pid)
+        self._write_state()
+
+    async def _start_component(
+        self,
+        name: str,
+        bins: Binaries,
+        deadline: float,
+        probe: Callable[[], Awaitable[bool]],
+    ) -> None:
+        self._spawn(name, bins)
+        await self._wait(name, f"{name} readiness", probe, deadline)
+
+    async def _wait(
+        self,
+        component: str,
+        what: str,
+        probe: Callable[[], Awaitable[bool]],
+        deadline: float,
+    ) -> None:
+        """Poll ``probe`` until true; fail fast if any component dies."""
+        while True:
+            self.check_alive()
+            try:
+                if await probe():
+                    return
+            except (httpx.TransportError, ssl.SSLError):
+                pass
+            if time.monotonic() >= deadline:
+                raise ComponentError(
+                    component,
+                    f"timed out after {self.timeout:.0f}s waiting for {what}",
+                    log_tail(self.log_file(component)),
+                )
+            await asyncio.sleep(_POLL)
+
+    async def _etcd_healthy(self) -> bool:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            resp = await http.get(f"http://127.0.0.1:{self.ports.etcd}/health")
+        return resp.status_code == 200 and resp.json().get("health") == "true"
+
+    async def _apiserver_ready(self) -> bool:
+        async with self.client(timeout=5.0) as http:
+            resp = await http.get("/readyz")
+        return resp.status_code == 200
+
+    async def _healthz(self, port: int) -> bool:
+        async with httpx.AsyncClient(verify=self._ssl_context(), timeout=2.0) as http:
+            resp = await http.get(f"https://127.0.0.1:{port}/healthz")
+        return resp.status_code == 200
+
+    async def _default_sa_exists(self) -> bool:
+        async with self.client(timeout=5.0) as http:
+            resp = await http.get("/api/v1/namespaces/default/serviceaccounts/default")
+        return resp.status_code == 200
+
+    async def _wait_nodes(self, names: list[str], deadline: float) -> None:
+        wanted = set(names)
+        async with self.client(timeout=5.0) as http:
+
+            async def all_ready() -> bool:
+                resp = await http.get("/api/v1/nodes")
+                if resp.status_code != 200:
+                    return False
+                ready = {
+                    n["metadata"]["name"] for n in resp.json().get("items", []) if node_is_ready(n)
+                }
+                return wanted <= ready
+
+            await self._wait("kwok", f"nodes {sorted(wanted)} to be Ready", all_ready, deadline)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            ctx = ssl.create_default_context(cafile=str(self._pki.ca_file))
+            ctx.load_cert_chain(self._pki.admin_cert_file, self._pki.admin_key_file)
+            self._ssl = ctx
+        return self._ssl
+
+    def _write_state(self) -> None:
+        state = {
+            "version": _STATE_VERSION,
+            "dir": str(self.dir),
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "bin_dir": str(self.bin_dir),
+            "ports": self.ports.to_json(),
+            "nodes": self.node_names,
+            "persistent": self.persistent,
+            "owner_pid": os.getpid(),
+            "written_at": dt.datetime.now(dt.UTC).isoformat(),
+            "timings": self.timings,
+            "components": {
+                name: {**ref.to_json(), "log": str(self.log_file(name))}
+                for name, ref in self._refs.items()
+            },
+        }
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.layout.state_file)
+
+    def _kill_sync(self) -> None:
+        """Last-resort cleanup for atexit and signal handlers (no event loop)."""
+        refs = list(self._refs.values())
+        self._procs.clear()
+        self._refs.clear()
+        if refs:
+            kill_groups(reversed(refs), grace=3.0)
+            self.layout.state_file.unlink(missing_ok=True)
+
+    def _unregister_atexit(self) -> None:
+        if self._atexit:
+            atexit.unregister(self._kill_sync)
+            self._atexit = False
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._kill_sync()
+        previous = self._old_handlers.get(signum, signal.SIG_DFL)
+        self._restore_signal_handlers()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
+
+
+# -- the CLI's entry points ---------------------------------------------------
+
+
+def up(dir: Path | str, nodes: int = 3, *, timeout: float = DEFAULT_TIMEOUT) -> Sandbox:
+    """Start a persistent sandbox in ``dir`` that outlives this process.
+
+    Synchronous (it runs its own event loop); async code should use
+    ``Sandbox(dir, persistent=True).start()`` instead.
+    """
+    sandbox = Sandbox(dir, nodes=nodes, timeout=timeout, persistent=True)
+    asyncio.run(sandbox.start())
+    return sandbox
+
+
+def down(dir: Path | str) -> None:
+    """Stop the sandbox recorded in ``dir`` and remove everything it wrote there."""
+    layout = Layout(Path(dir).expanduser().resolve())
+    state = _read_state(layout)
+    refs = [ProcessRef.from_json(c) for c in state.get("components", {}).values()]
+    kill_groups(reversed(refs))
+    for path in layout.owned():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    layout.state_file.with_suffix(".tmp").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        layout.dir.rmdir()  # only if nothing else is left in it
+
+
+def env(dir: Path | str) -> str:
+    """Shell lines that point kubectl (and PATH) at the sandbox in ``dir``."""
+    layout = Layout(Path(dir).expanduser().resolve())
+    state = _read_state(layout)
+    return (
+        f"export KUBECONFIG={shlex.quote(state['kubeconfig'])}\n"
+        f"export PATH={shlex.quote(state['bin_dir'])}:$PATH\n"
+    )
+
+
+def _read_state(layout: Layout) -> dict[str, Any]:
+    try:
+        text = layout.state_file.read_text()
+    except FileNotFoundError:
+        raise SandboxNotRunningError(
+            f"no sandbox in {layout.dir}: {layout.state_file.name} not found"
+        ) from None
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SandboxError(f"unreadable sandbox state {layout.state_file}: {exc}") from exc
+    if not isinstance(state, dict):
+        raise SandboxError(f"unreadable sandbox state {layout.state_file}")
+    return state
+
+
+def _refuse_if_running(layout: Layout) -> None:
+    try:
+        state = _read_state(layout)
+    except SandboxNotRunningError:
+        return
+    except SandboxError:
+        return  # a torn state file from a crash: its processes are unknowable
+    running = {
+        name: c["pid"]
+        for name, c in state.get("components", {}).items()
+        if ProcessRef.from_json(c).alive()
+    }
+    if running:
+        pids = ", ".join(f"{n} pid {p}" for n, p in running.items())
+        raise SandboxAlreadyRunningError(
+            f"a sandbox is already running in {layout.dir} ({pids}, server "
+            f"{state.get('server')}); stop it first with `sandbox down` or pick another dir"
+        )
+
+
+async def _create_node(
+    http: httpx.AsyncClient, name: str, labels: dict[str, str]
+) -> dict[str, Any]:
+    resp = await http.post("/api/v1/nodes", json=node_manifest(name, labels=labels))
+    if resp.status_code == 409:
+        resp = await http.get(f"/api/v1/nodes/{name}")
+    if resp.status_code not in (200, 201):
+        raise SandboxError(f"creating node {name}: HTTP {resp.status_code} {resp.text}")
+    node: dict[str, Any] = resp.json()
+    return node

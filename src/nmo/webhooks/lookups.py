@@ -1,0 +1,282 @@
+"""The cluster knowledge the admission rules need, answered cheaply and safely.
+
+Why this module exists: NMO's webhook LISTs every NodeMaintenance on every
+request and can still admit two CRs for one node when two creates race (the
+second is admitted before the first is stored). nmo answers from the informer
+caches the operator already keeps, and makes duplicates impossible within one
+replica (behavior.md B8): the duplicate check and a *claim* on the node are
+taken together under an :class:`asyncio.Lock`, and the claim stays until the
+NodeMaintenance informer sees a CR for that node (or a short TTL passes,
+when the create never materialised: another webhook refused it, a dry run,
+a storage error).
+
+Guarantees:
+
+* Node and NodeMaintenance lookups never LIST: a Node missing from the cache
+  is confirmed with one GET (it may have been created a moment ago); a cache
+  that has not synced within ``sync_timeout`` is a lookup failure.
+* A NodeMaintenance being deleted still counts as existing.
+* "Is OpenShift" is discovery (``GET /apis/config.openshift.io/v1`` answering
+  200), cached for ``openshift_ttl``; on an error the last answer is kept.
+* The etcd guard PDB and pods are read fresh (two small LISTs in
+  ``openshift-etcd``, only for control-plane nodes on OpenShift), because a
+  stale answer there could break etcd quorum.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nmo.api import constants as c
+from nmo.core.errors import KubeError, NotFound
+from nmo.core.kube import Params, api_path
+from nmo.webhooks.validators import LookupFailed, node_name_of
+
+log = logging.getLogger("nmo.webhooks.lookups")
+
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj, Obj | None], None]
+
+NODES_PATH = api_path("v1", "nodes")
+MAINTENANCES_PATH = api_path(c.API_VERSION, c.PLURAL)
+
+
+class KubeClient(Protocol):
+    """The slice of :class:`nmo.core.kube.Kube` the webhooks use."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry: bool = True,
+        timeout: float | None = None,
+    ) -> dict[str, Any]: ...
+
+
+class ObjectCache(Protocol):
+    """The slice of :class:`nmo.core.watch.Informer` the lookups read."""
+
+    store: dict[str, Obj]
+    synced: asyncio.Event
+
+    def add_handler(self, handler: Handler) -> None: ...
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    openshift_ttl: float = 60.0
+    claim_ttl: float = 30.0
+    sync_timeout: float = 5.0
+    request_timeout: float = 4.0
+
+
+@dataclass
+class _Claim:
+    claimant: str
+    expires: float
+
+
+class ClusterLookups:
+    """:class:`nmo.webhooks.validators.Lookups` backed by informers and the API."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        nodes: ObjectCache,
+        maintenances: ObjectCache,
+        settings: LookupSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._nodes = nodes
+        self._maintenances = maintenances
+        self.settings = settings or LookupSettings()
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._claims: dict[str, _Claim] = {}
+        self._openshift: bool | None = None
+        self._openshift_checked = float("-inf")
+        self._discovery_lock = asyncio.Lock()
+        maintenances.add_handler(self._on_maintenance)
+
+    # -- caches -------------------------------------------------------------
+
+    async def _synced(self, cache: ObjectCache, what: str) -> None:
+        if cache.synced.is_set():
+            return
+        try:
+            await asyncio.wait_for(cache.synced.wait(), self.settings.sync_timeout)
+        except TimeoutError as exc:
+            raise LookupFailed(f"the {what} cache has not synced yet") from exc
+
+    def _on_maintenance(self, event: str, obj: Obj, old: Obj | None) -> None:
+        """The informer saw a CR: the cache now answers for its node."""
+        if event == "DELETED":
+            return
+        node_name = node_name_of(obj)
+        if node_name and self._claims.pop(node_name, None) is not None:
+            log.debug(
+                "maintenance claim released: the CR is in the cache",
+                extra={"node": node_name},
+            )
+
+    def maintenance_for(self, node_name: str) -> Obj | None:
+        """A cached NodeMaintenance for the node (being deleted or not)."""
+        for obj in self._maintenances.store.values():
+            if node_name_of(obj) == node_name:
+                return obj
+        return None
+
+    @property
+    def claims(self) -> dict[str, str]:
+        """Live claims, node -> claimant (for debugging and tests)."""
+        now = self._clock()
+        return {n: cl.claimant for n, cl in self._claims.items() if cl.expires > now}
+
+    # -- Lookups protocol ----------------------------------------------------
+
+    async def get_node(self, name: str) -> Obj | None:
+        if self._nodes.synced.is_set():
+            cached = self._nodes.store.get(name)
+            if cached is not None:
+                return cached
+        try:
+            return await self._kube.request(
+                "GET",
+                api_path("v1", "nodes", name=name),
+                retry=False,
+                timeout=self.settings.request_timeout,
+            )
+        except NotFound:
+            return None
+        except KubeError as exc:
+            raise LookupFailed(str(exc)) from exc
+
+    async def claim_node(self, node_name: str, claimant: str, *, dry_run: bool = False) -> bool:
+        await self._synced(self._maintenances, "NodeMaintenance")
+        async with self._lock:
+            now = self._clock()
+            for node in [n for n, cl in self._claims.items() if cl.expires <= now]:
+                del self._claims[node]
+            existing = self.maintenance_for(node_name)
+            if existing is not None:
+                log.info(
+                    "maintenance already exists for node %s: %s",
+                    node_name,
+                    (existing.get("metadata") or {}).get("name"),
+                    extra={"node": node_name},
+                )
+                return False
+            held = self._claims.get(node_name)
+            if held is not None and held.claimant != claimant:
+                log.info(
+                    "maintenance for node %s is being admitted concurrently",
+                    node_name,
+                    extra={"node": node_name},
+                )
+                return False
+            if not dry_run:
+                self._claims[node_name] = _Claim(claimant, now + self.settings.claim_ttl)
+            return True
+
+    def release_node(self, node_name: str, claimant: str) -> None:
+        held = self._claims.get(node_name)
+        if held is not None and held.claimant == claimant:
+            del self._claims[node_name]
+
+    async def is_openshift(self) -> bool:
+        async with self._discovery_lock:
+            now = self._clock()
+            if self._openshift is not None and now - self._openshift_checked < (
+                self.settings.openshift_ttl
+            ):
+                return self._openshift
+            try:
+                await self._kube.request(
+                    "GET",
+                    f"/apis/{c.OPENSHIFT_CONFIG_GROUP_VERSION}",
+                    retry=False,
+                    timeout=self.settings.request_timeout,
+                )
+                answer = True
+            except NotFound:
+                answer = False
+            except KubeError as exc:
+                if self._openshift is None:
+                    raise LookupFailed(str(exc)) from exc
+                log.warning(
+                    "OpenShift discovery failed, keeping the last answer",
+                    extra={"error": str(exc), "openshift": self._openshift},
+                )
+                return self._openshift
+            if answer != self._openshift:
+                log.info("cluster is %s", "OpenShift" if answer else "not OpenShift")
+            self._openshift, self._openshift_checked = answer, now
+            return answer
+
+    async def _list(self, path: str, params: Params | None = None) -> list[Obj]:
+        try:
+            page = await self._kube.request(
+                "GET", path, params=params, retry=False, timeout=self.settings.request_timeout
+            )
+        except KubeError as exc:
+            raise LookupFailed(str(exc)) from exc
+        return [o for o in page.get("items") or [] if isinstance(o, dict)]
+
+    async def list_etcd_pdbs(self) -> Sequence[Obj]:
+        return await self._list(
+            api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE)
+        )
+
+    async def list_etcd_pods(self, selector: Mapping[str, Any] | None) -> Sequence[Obj]:
+        params: dict[str, str] = {}
+        query = selector_query(selector)
+        if query:
+            params["labelSelector"] = query
+        return await self._list(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE), params)
+
+
+def selector_query(selector: Mapping[str, Any] | None) -> str:
+    """A metav1.LabelSelector as a ``labelSelector`` query string."""
+    if not selector:
+        return ""
+    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr.get("key", ""), expr.get("operator", "")
+        values = ",".join(expr.get("values") or [])
+        if op == "In":
+            terms.append(f"{key} in ({values})")
+        elif op == "NotIn":
+            terms.append(f"{key} notin ({values})")
+        elif op == "Exists":
+            terms.append(key)
+        elif op == "DoesNotExist":
+            terms.append(f"!{key}")
+    return ",".join(terms)
+
+
+def build_lookups(
+    kube: KubeClient,
+    *,
+    nodes: ObjectCache,
+    maintenances: ObjectCache,
+    settings: LookupSettings | None = None,
+) -> ClusterLookups:
+    """The lookups for the webhook, from the operator's Kube and informers.
+
+    ``nodes`` must mirror ``/api/v1/nodes`` and ``maintenances`` must mirror
+    ``/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances`` (all of
+    them, unfiltered); call this before the informers start running so the
+    claim-release handler sees every event.
+    """
+    return ClusterLookups(kube, nodes=nodes, maintenances=maintenances, settings=settings)

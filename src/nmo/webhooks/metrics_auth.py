@@ -1,0 +1,192 @@
+"""``/metrics`` behind the API server's authentication and authorization.
+
+Why this module exists: NMO serves metrics through controller-runtime's
+``filters.WithAuthenticationAndAuthorization``, so Prometheus setups already
+hold a ServiceAccount token allowed to ``get`` the non-resource URL
+``/metrics`` (the chart's ``metrics-reader`` ClusterRole). nmo accepts exactly
+the same callers, the same way:
+
+1. ``Authorization: Bearer <token>`` is checked with a TokenReview
+   (``authentication.k8s.io/v1``); no header, a malformed header or an
+   unauthenticated token answers 401 ``Unauthorized``;
+2. the user is checked with a SubjectAccessReview
+   (``authorization.k8s.io/v1``) for verb ``get`` on the request path; a
+   refusal answers 403 ``Authorization denied for user <name>``;
+3. an API error during either step answers 500 (the caller cannot be told
+   apart from an intruder, so it is not let in).
+
+Positive answers are cached for ``cache_ttl`` (a minute by default), keyed by
+a SHA-256 of the token, so a scrape every few seconds costs no API traffic;
+refusals are never cached, so a freshly granted role works at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nmo.core.errors import KubeError
+from nmo.core.kube import api_path
+from nmo.webhooks.lookups import KubeClient
+
+log = logging.getLogger("nmo.webhooks.metrics_auth")
+
+TOKEN_REVIEWS = api_path("authentication.k8s.io/v1", "tokenreviews")
+SUBJECT_ACCESS_REVIEWS = api_path("authorization.k8s.io/v1", "subjectaccessreviews")
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, list[str]] = field(default_factory=dict)
+
+
+class AuthRejected(Exception):
+    """The request may not see the metrics; carries the HTTP answer."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer`` header (as client-go parses it)."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+class _TTLCache:
+    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self.ttl, self.max_entries, self._clock = ttl, max_entries, clock
+        self._items: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= self._clock():
+            del self._items[key]
+            return None
+        return hit[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        if self.ttl <= 0:
+            return
+        self._items[key] = (self._clock() + self.ttl, value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+
+class MetricsAuth:
+    """TokenReview + SubjectAccessReview, with a short positive cache."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        cache_ttl: float = 60.0,
+        max_entries: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._users = _TTLCache(cache_ttl, max_entries, clock)
+        self._allowed = _TTLCache(cache_ttl, max_entries, clock)
+        self.reviews = 0
+
+    async def authenticate(self, token: str) -> User | None:
+        """The user behind a token, or None when the API server says no."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached: User | None = self._users.get(key)
+        if cached is not None:
+            return cached
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        self.reviews += 1
+        answer = await self._kube.request("POST", TOKEN_REVIEWS, body=body, retry=False)
+        status = answer.get("status") or {}
+        if not status.get("authenticated"):
+            if status.get("error"):
+                log.debug("token rejected", extra={"error": status.get("error")})
+            return None
+        info = status.get("user") or {}
+        user = User(
+            name=str(info.get("username", "")),
+            uid=str(info.get("uid", "")),
+            groups=tuple(info.get("groups") or ()),
+            extra={k: list(v) for k, v in (info.get("extra") or {}).items()},
+        )
+        self._users.put(key, user)
+        return user
+
+    async def authorize(self, user: User, *, path: str, verb: str) -> bool:
+        """Whether RBAC lets the user ``verb`` the non-resource URL ``path``."""
+        key = (user.name, user.uid, user.groups, path, verb)
+        if self._allowed.get(key):
+            return True
+        spec: dict[str, Any] = {
+            "user": user.name,
+            "groups": list(user.groups),
+            "nonResourceAttributes": {"path": path, "verb": verb},
+        }
+        if user.uid:
+            spec["uid"] = user.uid
+        if user.extra:
+            spec["extra"] = dict(user.extra)
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": spec,
+        }
+        self.reviews += 1
+        answer = await self._kube.request("POST", SUBJECT_ACCESS_REVIEWS, body=body, retry=False)
+        status = answer.get("status") or {}
+        allowed = bool(status.get("allowed")) and not status.get("denied")
+        if allowed:
+            self._allowed.put(key, True)
+        else:
+            log.debug(
+                "metrics access denied",
+                extra={"user": user.name, "reason": status.get("reason", "")},
+            )
+        return allowed
+
+    async def check(self, authorization: str | None, *, path: str, method: str) -> User:
+        """Admit a request or raise :class:`AuthRejected` with the HTTP answer."""
+        token = bearer_token(authorization)
+        if token is None:
+            raise AuthRejected(401, "Unauthorized")
+        try:
+            user = await self.authenticate(token)
+        except KubeError as exc:
+            log.error("metrics authentication failed", extra={"error": str(exc)})
+            raise AuthRejected(500, "Authentication failed") from exc
+        if user is None:
+            raise AuthRejected(401, "Unauthorized")
+        verb = "get" if method.upper() in ("GET", "HEAD") else method.lower()
+        try:
+            allowed = await self.authorize(user, path=path, verb=verb)
+        except KubeError as exc:
+            log.error(
+                "metrics authorization failed", extra={"user": user.name, "error": str(exc)}
+            )
+            raise AuthRejected(500, f"Authorization for user {user.name} failed") from exc
+        if not allowed:
+            raise AuthRejected(403, f"Authorization denied for user {user.name}")
+        return user

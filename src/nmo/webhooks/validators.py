@@ -1,0 +1,250 @@
+"""The admission rules for NodeMaintenance, as plain functions (behavior.md A6).
+
+Why this module exists: the rules are the compatibility contract with the Go
+operator (same order, same messages), and they are easiest to get right when
+they are separate from HTTP, JSON and the API server. Everything the rules need
+to know about the cluster comes through the small :class:`Lookups` protocol,
+so unit tests drive them with a table of fakes and the HTTP adapter
+(:mod:`nmo.webhooks.app`) only translates.
+
+Guarantees:
+
+* CREATE checks run in NMO's order: node exists, no NodeMaintenance for the
+  node (one being deleted counts), then the OpenShift etcd quorum check for
+  control-plane nodes; the first failing rule decides the message.
+* A lookup failure always denies, with a ``..., please try again: <err>`` text.
+* The duplicate check claims the node through :meth:`Lookups.claim_node`; a
+  claim is released again whenever this function ends up denying, so a denied
+  create never blocks a later one.
+* UPDATE refuses a changed ``spec.nodeName``; everything else is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
+
+Obj = Mapping[str, Any]
+
+# The "<what>" halves of NMO's "<what>, please try again: <err>" texts.
+GET_NODE_FAILED = "could not get node for validating spec.NodeName"
+LIST_MAINTENANCES_FAILED = "could not list NodeMaintenances for validating spec.NodeName"
+QUORUM_GET_NODE_FAILED = "could not get node for master/control-plane quorum validation"
+# NMO returns the raw client error in these two cases; nmo keeps the
+# "please try again" shape so every lookup failure reads the same.
+QUORUM_DISCOVERY_FAILED = "could not check for OpenShift for master/control-plane quorum validation"
+QUORUM_GUARD_FAILED = "could not check the etcd quorum guard for master/control-plane quorum validation"
+
+
+class LookupFailed(Exception):
+    """A lookup could not answer (cache not synced, API error); the rule denies."""
+
+
+class Lookups(Protocol):
+    """What the rules need to know about the cluster."""
+
+    async def get_node(self, name: str) -> Obj | None:
+        """The Node, or None when it does not exist; raises LookupFailed."""
+        ...
+
+    async def claim_node(self, node_name: str, claimant: str, *, dry_run: bool = False) -> bool:
+        """True when no other NodeMaintenance exists or is being admitted for
+        the node; unless ``dry_run``, the node is then held for ``claimant``.
+        Raises LookupFailed."""
+        ...
+
+    def release_node(self, node_name: str, claimant: str) -> None:
+        """Drop a claim taken by :meth:`claim_node` (no-op if not held)."""
+        ...
+
+    async def is_openshift(self) -> bool:
+        """Whether discovery serves ``config.openshift.io/v1``; raises LookupFailed."""
+        ...
+
+    async def list_etcd_pdbs(self) -> Sequence[Obj]:
+        """Every PodDisruptionBudget in ``openshift-etcd``; raises LookupFailed."""
+        ...
+
+    async def list_etcd_pods(self, selector: Obj | None) -> Sequence[Obj]:
+        """Pods in ``openshift-etcd`` matching a label selector; raises LookupFailed."""
+        ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one admission request.
+
+    ``result`` is the metrics label: ``allowed``, ``denied`` (a rule said no)
+    or ``error`` (a lookup failed or the request was unusable).
+    """
+
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    reason: str = ""
+    result: str = "allowed"
+
+    @classmethod
+    def allow(cls) -> Decision:
+        return cls(allowed=True)
+
+    @classmethod
+    def deny(cls, message: str) -> Decision:
+        return cls(False, message, 403, "Forbidden", "denied")
+
+    @classmethod
+    def failed(cls, what: str, err: object) -> Decision:
+        """A lookup failure: denied (403) with NMO's retry wording."""
+        return cls(False, Messages.WEBHOOK_RETRY.format(what=what, err=err), 403, "Forbidden", "error")
+
+    @classmethod
+    def bad_request(cls, message: str) -> Decision:
+        return cls(False, message, 400, "BadRequest", "error")
+
+
+def node_name_of(obj: Obj | None) -> str:
+    """``spec.nodeName`` of a NodeMaintenance object, or "" when absent."""
+    spec = (obj or {}).get("spec")
+    if not isinstance(spec, Mapping):
+        return ""
+    value = spec.get("nodeName")
+    return value if isinstance(value, str) else ""
+
+
+def is_control_plane(node: Obj) -> bool:
+    """NMO's test: the node carries the master or control-plane role label key."""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return MASTER_ROLE_LABEL in labels or CONTROL_PLANE_ROLE_LABEL in labels
+
+
+def selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
+    """Whether a metav1.LabelSelector matches labels (null or empty matches all,
+    as NMO's ``LabelSelectorAsMap`` path treats it)."""
+    if not selector:
+        return True
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr.get("key", ""), expr.get("operator", "")
+        values = expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _disruptions_allowed(pdb: Obj) -> int:
+    try:
+        return int((pdb.get("status") or {}).get("disruptionsAllowed") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _ready_status(pod: Obj) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return None
+
+
+def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name: str) -> bool:
+    """medik8s/common's ``IsEtcdDisruptionAllowed`` as a pure function.
+
+    No PDB in ``openshift-etcd``, or more than one: the quorum cannot be
+    assessed, refuse. ``status.disruptionsAllowed >= 1``: allowed. Otherwise
+    the node may only go when it is already disrupted: its guard pod (matched
+    by the PDB selector) is explicitly not Ready, or it has no guard pod.
+    """
+    if len(pdbs) != 1:
+        return False
+    pdb = pdbs[0]
+    if _disruptions_allowed(pdb) >= 1:
+        return True
+    selector = (pdb.get("spec") or {}).get("selector")
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if (pod.get("spec") or {}).get("nodeName") != node_name:
+            continue
+        if not selector_matches(selector, labels):
+            continue
+        return _ready_status(pod) == "False"
+    return True
+
+
+async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
+    """Rule 3; None when it does not object."""
+    try:
+        node = await lookups.get_node(node_name)
+    except LookupFailed as exc:
+        return Decision.failed(QUORUM_GET_NODE_FAILED, exc)
+    if node is None:
+        return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
+    # Consulted only for control-plane nodes so that a discovery outage
+    # cannot block maintenance of ordinary workers.
+    if not is_control_plane(node):
+        return None
+    try:
+        if not await lookups.is_openshift():
+            return None
+    except LookupFailed as exc:
+        return Decision.failed(QUORUM_DISCOVERY_FAILED, exc)
+    try:
+        pdbs = await lookups.list_etcd_pdbs()
+        pods: Sequence[Obj] = ()
+        # Guard pods matter only when the single PDB allows no disruption.
+        if len(pdbs) == 1 and _disruptions_allowed(pdbs[0]) < 1:
+            pods = await lookups.list_etcd_pods((pdbs[0].get("spec") or {}).get("selector"))
+    except LookupFailed as exc:
+        return Decision.failed(QUORUM_GUARD_FAILED, exc)
+    if etcd_disruption_allowed(pdbs, pods, node_name):
+        return None
+    return Decision.deny(Messages.WEBHOOK_QUORUM.format(node=node_name))
+
+
+async def validate_create(
+    new: Obj, lookups: Lookups, *, claimant: str, dry_run: bool = False
+) -> Decision:
+    """Rules for a new NodeMaintenance. ``claimant`` identifies this create
+    (the object's uid, else the admission uid) for the duplicate claim."""
+    node_name = node_name_of(new)
+    if not node_name:
+        return Decision.bad_request("spec.nodeName is required")
+    try:
+        node = await lookups.get_node(node_name)
+    except LookupFailed as exc:
+        return Decision.failed(GET_NODE_FAILED, exc)
+    if node is None:
+        return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
+    try:
+        claimed = await lookups.claim_node(node_name, claimant, dry_run=dry_run)
+    except LookupFailed as exc:
+        return Decision.failed(LIST_MAINTENANCES_FAILED, exc)
+    if not claimed:
+        return Decision.deny(Messages.WEBHOOK_DUPLICATE.format(node=node_name))
+    try:
+        objection = await _quorum(node_name, lookups)
+    except BaseException:
+        if not dry_run:
+            lookups.release_node(node_name, claimant)
+        raise
+    if objection is not None:
+        if not dry_run:
+            lookups.release_node(node_name, claimant)
+        return objection
+    return Decision.allow()
+
+
+def validate_update(old: Obj | None, new: Obj) -> Decision:
+    """Rules for a changed NodeMaintenance: the node cannot be swapped."""
+    if old is not None and node_name_of(old) != node_name_of(new):
+        return Decision.deny(Messages.WEBHOOK_NODENAME_CHANGED)
+    return Decision.allow()

@@ -1,0 +1,75 @@
+"""The medik8s lease rules (behavior.md A5)."""
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from nmo.core.lease import Action, apply, build_lease, decide, format_micro
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def lease(
+    holder: str, renewed: datetime | None, duration: int = 3600, transitions: int = 2
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "holderIdentity": holder,
+        "leaseDurationSeconds": duration,
+        "leaseTransitions": transitions,
+    }
+    if renewed is not None:
+        spec["renewTime"] = format_micro(renewed)
+        spec["acquireTime"] = format_micro(renewed)
+    return {"metadata": {"name": "node-n1", "resourceVersion": "1"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        (None, Action.CREATE),
+        (lease("node-maintenance", NOW - timedelta(seconds=10)), Action.KEEP),
+        (lease("node-maintenance", NOW - timedelta(minutes=10)), Action.RENEW),
+        (lease("node-maintenance", NOW - timedelta(hours=2)), Action.RENEW),
+        (lease("node-healthcheck", NOW - timedelta(minutes=10)), Action.FOREIGN),
+        (lease("node-healthcheck", NOW), Action.FOREIGN),
+        (lease("node-healthcheck", NOW - timedelta(seconds=3601)), Action.TAKE_OVER),
+        (lease("node-healthcheck", NOW + timedelta(minutes=5)), Action.TAKE_OVER),
+        (lease("node-healthcheck", None), Action.TAKE_OVER),
+        (lease("", NOW), Action.TAKE_OVER),
+    ],
+)
+def test_decide(current: dict[str, Any] | None, expected: Action) -> None:
+    assert decide(current, NOW).action is expected
+
+
+def test_foreign_decision_names_the_holder() -> None:
+    assert decide(lease("self-node-remediation", NOW), NOW).holder == "self-node-remediation"
+
+
+def test_take_over_bumps_transitions_and_acquire_time() -> None:
+    old = lease("node-healthcheck", NOW - timedelta(hours=3))
+    new = apply(decide(old, NOW), old, NOW)
+    assert new["spec"]["holderIdentity"] == "node-maintenance"
+    assert new["spec"]["leaseTransitions"] == 3
+    assert new["spec"]["acquireTime"] == "2026-11-30T12:00:00.000000Z"
+    assert new["spec"]["renewTime"] == "2026-11-30T12:00:00.000000Z"
+    assert new["spec"]["leaseDurationSeconds"] == 3600
+
+
+def test_renew_keeps_acquire_time() -> None:
+    old = lease("node-maintenance", NOW - timedelta(minutes=30))
+    new = apply(decide(old, NOW), old, NOW)
+    assert new["spec"]["acquireTime"] == old["spec"]["acquireTime"]
+    assert new["spec"]["leaseTransitions"] == 2
+
+
+def test_new_lease_shape() -> None:
+    node = {"metadata": {"name": "Worker-1", "uid": "u1"}}
+    body = build_lease(node, "medik8s-leases", NOW)
+    assert body["metadata"]["name"] == "node-worker-1"
+    assert body["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "Worker-1", "uid": "u1"}
+    ]
+    assert body["spec"]["holderIdentity"] == "node-maintenance"
+    assert body["spec"]["leaseDurationSeconds"] == 3600

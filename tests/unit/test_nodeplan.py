@@ -1,0 +1,106 @@
+"""Node changes on entering and leaving maintenance (A2 5-7, A3, B7)."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from nmo.api import constants as c
+from nmo.core import nodeplan
+
+UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
+DRAIN = {"key": c.DRAIN_TAINT_KEY, "effect": "NoSchedule"}
+OTHER = {"key": "dedicated", "value": "gpu", "effect": "NoExecute"}
+
+
+def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """A minimal RFC 6902 applier (add/replace/remove/test on object paths)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[part]
+        last = parts[-1]
+        if op["op"] == "test":
+            assert parent[last] == op["value"], "test op failed"
+        elif op["op"] in ("add", "replace"):
+            parent[last] = op["value"]
+        elif op["op"] == "remove":
+            del parent[last]
+    return doc
+
+
+def node(
+    *,
+    taints: list[dict[str, Any]] | None = None,
+    unschedulable: bool = False,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if taints is not None:
+        spec["taints"] = taints
+    if unschedulable:
+        spec["unschedulable"] = True
+    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "42"}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"metadata": meta, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        node(),
+        node(labels={"a": "b"}, taints=[OTHER]),
+        node(unschedulable=True, taints=[UNSCHED]),
+        node(taints=[DRAIN, OTHER]),
+    ],
+)
+def test_enter_then_leave_restores_prior_state(before: dict[str, Any]) -> None:
+    prior = nodeplan.prior_state(before)
+    ops = nodeplan.enter_patch(before)
+    assert ops is not None
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
+    during = apply_patch(before, ops)
+    assert nodeplan.in_maintenance(during)
+    assert nodeplan.enter_patch(during) is None
+    for t in before["spec"].get("taints", []):
+        assert t in during["spec"]["taints"], "a pre-existing taint was lost"
+    back = nodeplan.leave_patch(during, nodeplan.PriorState.from_annotation(prior.to_annotation()))
+    after = apply_patch(during, back) if back else during
+    assert bool(after["spec"].get("unschedulable")) == bool(before["spec"].get("unschedulable"))
+    assert sorted(map(str, after["spec"].get("taints", []))) == sorted(
+        map(str, before["spec"].get("taints", []))
+    )
+    assert c.EXCLUDE_FROM_REMEDIATION_LABEL not in (after["metadata"].get("labels") or {})
+
+
+def test_leave_without_prior_state_does_what_nmo_does() -> None:
+    during = node(
+        unschedulable=True,
+        taints=[UNSCHED, DRAIN, OTHER],
+        labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+    )
+    after = apply_patch(during, nodeplan.leave_patch(during, None) or [])
+    assert after["spec"]["taints"] == [OTHER]
+    assert after["spec"]["unschedulable"] is False
+    assert after["metadata"]["labels"] == {}
+    assert nodeplan.uncordons(during, None)
+
+
+def test_previously_cordoned_node_is_not_uncordoned() -> None:
+    prior = nodeplan.PriorState(unschedulable=True)
+    during = node(unschedulable=True, taints=[UNSCHED, DRAIN])
+    after = apply_patch(during, nodeplan.leave_patch(during, prior) or [])
+    assert after["spec"]["unschedulable"] is True
+    assert not nodeplan.uncordons(during, prior)
+
+
+def test_nothing_to_undo_gives_no_patch() -> None:
+    assert nodeplan.leave_patch(node(taints=[OTHER]), nodeplan.PriorState()) is None
+
+
+@pytest.mark.parametrize("value", [None, "", "not json", "[]"])
+def test_bad_prior_annotation_is_ignored(value: str | None) -> None:
+    assert nodeplan.PriorState.from_annotation(value) is None
