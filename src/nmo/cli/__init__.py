@@ -23,7 +23,6 @@ from nmo.api import constants as c
 from nmo.api.crd import crd
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
-from nmo.core.errors import KubeError
 from nmo.core.kube import Kube
 from nmo.core.metrics import Metrics
 from nmo.core.reconciler import ReconcilerSettings

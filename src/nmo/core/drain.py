@@ -104,6 +104,7 @@ class Drainer:
         self._nodes: dict[str, dict[str, PodDrainState]] = {}
         self._tasks: dict[str, set[asyncio.Task[None]]] = {}
         self.evictions_started = 0
+        self.evicted_recheck = 60.0
 
     def sync(self, node: str, pods: list[Pod]) -> DrainReport:
         """Drive the node's drain one step; never waits on the API."""
@@ -206,6 +207,8 @@ class Drainer:
                 )
             outcome = "evicted"
             state.evicted = True
+            # The watch reports the deletion; re-evict only if nothing happens for long.
+            state.next_attempt = asyncio.get_running_loop().time() + self.evicted_recheck
             self._blocked(state, REASON_TERMINATING, "evicted, waiting for the pod to terminate")
             log.info(
                 "drain: evicted pod %s from node %s", key, node, extra={"node": node, "pod": key}

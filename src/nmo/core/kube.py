@@ -27,10 +27,12 @@ import httpx
 import kr8s
 import kr8s.asyncio
 
+from nmo import __version__
 from nmo.core.errors import KubeError, Transient, error_for_status
 
 log = logging.getLogger("nmo.kube")
 
+USER_AGENT = f"nmo/{__version__}"
 _SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 Params = Mapping[str, str | int | bool]
@@ -180,12 +182,12 @@ class Kube:
         timeout: float | None,
     ) -> dict[str, Any]:
         base, url = _split(path)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"headers": {"User-Agent": USER_AGENT}}
         if params:
             kwargs["params"] = {k: _param(v) for k, v in params.items()}
         if body is not None:
             kwargs["content"] = json.dumps(body)
-            kwargs["headers"] = {"Content-Type": content_type}
+            kwargs["headers"]["Content-Type"] = content_type
         if timeout is not None:
             kwargs["timeout"] = httpx.Timeout(timeout, connect=10.0)
         async with self._slots:
@@ -248,6 +250,7 @@ class Kube:
                 raise_for_status=False,
                 stream=True,
                 params={k: _param(v) for k, v in params.items()},
+                headers={"User-Agent": USER_AGENT},
                 timeout=httpx.Timeout(10.0, read=read_timeout),
             ) as response:
                 if response.is_error:

@@ -179,13 +179,11 @@ class MetricsAuth:
             raise AuthRejected(500, "Authentication failed") from exc
         if user is None:
             raise AuthRejected(401, "Unauthorized")
-        verb = "get" if method.upper() in ("GET", "HEAD") else method.lower()
+        verb = method.lower()  # as the apiserver's RequestInfo derives it
         try:
             allowed = await self.authorize(user, path=path, verb=verb)
         except KubeError as exc:
-            log.error(
-                "metrics authorization failed", extra={"user": user.name, "error": str(exc)}
-            )
+            log.error("metrics authorization failed", extra={"user": user.name, "error": str(exc)})
             raise AuthRejected(500, f"Authorization for user {user.name} failed") from exc
         if not allowed:
             raise AuthRejected(403, f"Authorization denied for user {user.name}")

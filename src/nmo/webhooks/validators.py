@@ -36,7 +36,9 @@ QUORUM_GET_NODE_FAILED = "could not get node for master/control-plane quorum val
 # NMO returns the raw client error in these two cases; nmo keeps the
 # "please try again" shape so every lookup failure reads the same.
 QUORUM_DISCOVERY_FAILED = "could not check for OpenShift for master/control-plane quorum validation"
-QUORUM_GUARD_FAILED = "could not check the etcd quorum guard for master/control-plane quorum validation"
+QUORUM_GUARD_FAILED = (
+    "could not check the etcd quorum guard for master/control-plane quorum validation"
+)
 
 
 class LookupFailed(Exception):
@@ -98,7 +100,9 @@ class Decision:
     @classmethod
     def failed(cls, what: str, err: object) -> Decision:
         """A lookup failure: denied (403) with NMO's retry wording."""
-        return cls(False, Messages.WEBHOOK_RETRY.format(what=what, err=err), 403, "Forbidden", "error")
+        return cls(
+            False, Messages.WEBHOOK_RETRY.format(what=what, err=err), 403, "Forbidden", "error"
+        )
 
     @classmethod
     def bad_request(cls, message: str) -> Decision:

@@ -1,0 +1,7 @@
+"""``python -m nmo`` is the ``nmo`` command."""
+
+import sys
+
+from nmo.cli import main
+
+sys.exit(main())

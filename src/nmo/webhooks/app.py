@@ -1,0 +1,217 @@
+"""FastAPI app factories: the webhook, the probes and the metrics endpoint.
+
+Why this module exists: it is the thin HTTP adapter between uvicorn and the
+pure parts (admission models, validators, probes, metrics auth). Each app
+comes from a factory that receives everything it uses, so there is no module
+state and tests build as many apps as they like.
+
+Guarantees of the webhook app (behavior.md A6):
+
+* ``POST`` :data:`nmo.api.constants.WEBHOOK_PATH` answers every review whose
+  ``request.uid`` can be read with a well-formed AdmissionReview (HTTP 200),
+  and anything else with HTTP 400 and a plain-text reason;
+* every answer is counted in ``nmo_webhook_admissions_total{operation,result}``
+  and timed in ``nmo_webhook_admission_duration_seconds``;
+* every decision is logged with the node name and the word "maintenance", so
+  ``kubectl logs ... | grep -i maintenance`` shows why a CR was refused;
+* an unexpected exception denies the request (the apiserver's failurePolicy
+  would refuse it anyway) instead of crashing the connection.
+
+A lifespan runs the app's background coroutines (e.g. the certificate
+watcher of the server it is mounted on) for exactly as long as the app lives,
+restarting one that crashes after a short pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from nmo.api.constants import WEBHOOK_NAME, WEBHOOK_PATH
+from nmo.core.metrics import Metrics
+from nmo.webhooks.admission import AdmissionRequest, MalformedReview, parse_review, review_response
+from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
+from nmo.webhooks.probes import Probes, probes_router
+from nmo.webhooks.validators import (
+    Decision,
+    Lookups,
+    node_name_of,
+    validate_create,
+    validate_update,
+)
+
+log = logging.getLogger("nmo.webhooks")
+
+Background = Callable[[], Awaitable[None]]
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+_RESTART_DELAY = 5.0
+
+
+async def _supervise(name: str, run: Background) -> None:
+    while True:
+        try:
+            await run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("background task crashed, restarting", extra={"task": name})
+            await asyncio.sleep(_RESTART_DELAY)
+
+
+def _lifespan(background: Mapping[str, Background]) -> Lifespan:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [
+            asyncio.create_task(_supervise(name, run), name=name)
+            for name, run in background.items()
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    return lifespan
+
+
+def _bare_app(title: str, background: Mapping[str, Background] | None) -> FastAPI:
+    # No docs or OpenAPI routes: these ports serve machines, and an
+    # unauthenticated schema page next to /metrics would be an odd gift.
+    return FastAPI(
+        title=title,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=_lifespan(background or {}),
+    )
+
+
+async def decide(request: AdmissionRequest, lookups: Lookups) -> Decision:
+    """Run the rule set that applies to the request's operation."""
+    new = request.object or {}
+    if request.operation == "CREATE":
+        meta = new.get("metadata") or {}
+        # The object's uid is already assigned when validating webhooks run;
+        # the review uid is the fallback for hand-made reviews.
+        claimant = str(meta.get("uid") or request.uid)
+        return await validate_create(new, lookups, claimant=claimant, dry_run=request.dry_run)
+    if request.operation == "UPDATE":
+        return validate_update(request.old_object, new)
+    return Decision.allow()
+
+
+def create_webhook_app(
+    *,
+    lookups: Lookups,
+    metrics: Metrics,
+    background: Mapping[str, Background] | None = None,
+) -> FastAPI:
+    """The validating webhook ``vnodemaintenance.kb.io``."""
+    app = _bare_app("nmo webhook", background)
+
+    @app.post(WEBHOOK_PATH)
+    async def review(http_request: Request) -> Response:
+        started = time.perf_counter()
+        operation = "UNKNOWN"
+        try:
+            body = await http_request.body()
+            try:
+                parsed = parse_review(body)
+            except MalformedReview as exc:
+                log.warning(
+                    "malformed maintenance admission review: %s",
+                    exc.message,
+                    extra={"webhook": WEBHOOK_NAME, "uid": exc.uid},
+                )
+                metrics.webhook_admissions.labels(operation=operation, result="error").inc()
+                if exc.uid is None:
+                    return PlainTextResponse(exc.message + "\n", status_code=400)
+                answer = review_response(
+                    exc.uid, Decision.bad_request(exc.message), api_version=exc.api_version
+                )
+                return JSONResponse(answer)
+            request = parsed.request
+            operation = request.operation
+            try:
+                decision = await decide(request, lookups)
+            except Exception as exc:
+                log.exception(
+                    "maintenance admission failed unexpectedly", extra={"uid": request.uid}
+                )
+                decision = Decision(False, f"internal error: {exc}", 500, "InternalError", "error")
+            _log_decision(request, decision)
+            metrics.webhook_admissions.labels(operation=operation, result=decision.result).inc()
+            return JSONResponse(
+                review_response(request.uid, decision, api_version=parsed.api_version)
+            )
+        finally:
+            metrics.webhook_latency.observe(time.perf_counter() - started)
+
+    return app
+
+
+def _log_decision(request: AdmissionRequest, decision: Decision) -> None:
+    obj = request.object or request.old_object or {}
+    node = node_name_of(obj) or "<none>"
+    extra = {
+        "webhook": WEBHOOK_NAME,
+        "operation": request.operation,
+        "name": request.name or (obj.get("metadata") or {}).get("name", ""),
+        "node": node,
+        "uid": request.uid,
+        "user": request.user_info.username,
+        "dry_run": request.dry_run,
+        "result": decision.result,
+    }
+    if decision.allowed:
+        log.info("maintenance %s for node %s allowed", request.operation, node, extra=extra)
+    else:
+        log.info(
+            "maintenance %s for node %s denied: %s",
+            request.operation,
+            node,
+            decision.message,
+            extra=extra,
+        )
+
+
+def create_probes_app(probes: Probes) -> FastAPI:
+    """``/healthz`` and ``/readyz`` (plain HTTP, port 8081 by default)."""
+    app = _bare_app("nmo probes", None)
+    app.include_router(probes_router(probes))
+    return app
+
+
+def create_metrics_app(
+    *,
+    metrics: Metrics,
+    auth: MetricsAuth | None,
+    background: Mapping[str, Background] | None = None,
+) -> FastAPI:
+    """``/metrics``; guarded by TokenReview/SubjectAccessReview unless ``auth`` is None."""
+    app = _bare_app("nmo metrics", background)
+
+    @app.get("/metrics")
+    async def serve_metrics(request: Request) -> Response:
+        if auth is not None:
+            try:
+                await auth.check(
+                    request.headers.get("authorization"),
+                    path=request.url.path,
+                    method=request.method,
+                )
+            except AuthRejected as exc:
+                return PlainTextResponse(exc.message + "\n", status_code=exc.status_code)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,332 @@
+"""The three HTTP servers of ``nmo run``, inside the operator's event loop.
+
+Why this module exists: NMO's manager serves a webhook (:9443, TLS), probes
+(:8081, plain) and metrics (:8443, TLS with authn/authz), and nmo must answer
+on the same ports (behavior.md A7). uvicorn is normally run as the process's
+main; here each server is a task in the one asyncio loop:
+
+* sockets are bound by nmo (so a taken port is a clear ``OSError`` from
+  :meth:`Servers.start`, and port 0 works in tests), then handed to uvicorn;
+* uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
+  stops the servers by cancelling :func:`serve`;
+* TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
+  ``ssl_context_factory`` so the certificate can be rotated in place;
+  HTTP/2 is never served (uvicorn's h11 protocol is HTTP/1.1 only, which is
+  also controller-runtime's default since CVE-2023-44487).
+
+Without certificates the process keeps running: the webhook server is off,
+the log says why, ``/readyz`` fails its ``webhook`` check with that reason
+(unless ``require_webhook_for_ready`` is off), and the server starts as soon
+as a certificate pair appears in the cert dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import socket
+import ssl
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
+from nmo.core.metrics import Metrics
+from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
+from nmo.webhooks.metrics_auth import MetricsAuth
+from nmo.webhooks.probes import Check, CheckFailed, Probes
+from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+from nmo.webhooks.validators import Lookups
+
+log = logging.getLogger("nmo.webhooks.servers")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Where and how the servers listen. A port of None turns a server off."""
+
+    bind_address: str = "0.0.0.0"
+    webhook_port: int | None = 9443
+    probes_port: int | None = 8081
+    metrics_port: int | None = 8443
+    cert_dir: Path = field(default_factory=lambda: Path(DEFAULT_CERT_DIR))
+    cert_name: str | None = None
+    key_name: str | None = None
+    metrics_secure: bool = True
+    metrics_cert_dir: Path | None = None
+    require_webhook_for_ready: bool = True
+    enable_http2: bool = False
+    cert_poll_interval: float = 5.0
+    metrics_auth_cache_ttl: float = 60.0
+    graceful_shutdown_seconds: int = 5
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its signal handlers (the CLI owns the signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (IPv6 dual-stack for ``::``)."""
+    if ":" in host:
+        dual = host in ("::", "") and socket.has_dualstack_ipv6()
+        return socket.create_server(
+            (host, port), family=socket.AF_INET6, backlog=2048, dualstack_ipv6=dual
+        )
+    return socket.create_server((host, port), backlog=2048)
+
+
+class WebhookState:
+    """Why the webhook server is not serving (None once it is)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = "webhook server not started yet"
+
+    def check(self) -> None:
+        if self.reason is not None:
+            raise CheckFailed(self.reason)
+
+
+class Servers:
+    """Starts, supervises and stops the webhook, probes and metrics servers."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        kube: KubeClient,
+        lookups: Lookups,
+        metrics: Metrics,
+        probes: Probes | None = None,
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.lookups = lookups
+        self.metrics = metrics
+        self.probes = probes or Probes()
+        self.webhook = WebhookState()
+        self.ports: dict[str, int] = {}
+        self._servers: dict[str, tuple[_EmbeddedServer, socket.socket]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tmp: Path | None = None
+        self._stopping = False
+        if settings.require_webhook_for_ready and settings.webhook_port is not None:
+            self.probes.add_readyz("webhook", self.webhook.check)
+        if settings.webhook_port is None:
+            self.webhook.reason = None
+
+    async def start(self) -> None:
+        """Bind and start every enabled server; raises OSError on a taken port."""
+        s = self.settings
+        if s.enable_http2:
+            log.warning("HTTP/2 was requested but is not supported; serving HTTP/1.1 only")
+        if s.probes_port is not None:
+            await self._start("probes", create_probes_app(self.probes), s.probes_port, None)
+        if s.metrics_port is not None:
+            await self._start_metrics(s.metrics_port)
+        if s.webhook_port is not None:
+            await self._start_webhook(s.webhook_port)
+
+    async def _start_metrics(self, port: int) -> None:
+        s = self.settings
+        if not s.metrics_secure:
+            app = create_metrics_app(metrics=self.metrics, auth=None)
+            await self._start("metrics", app, port, None)
+            return
+        if s.metrics_cert_dir is not None:
+            cert = ReloadingCertificate(s.metrics_cert_dir)
+        else:
+            self._tmp = Path(tempfile.mkdtemp(prefix="nmo-metrics-cert-"))
+            write_self_signed(self._tmp, ["localhost", "127.0.0.1", socket.gethostname()])
+            cert = ReloadingCertificate(self._tmp)
+            log.info("metrics server uses a self-signed certificate")
+        cert.load()
+        auth = MetricsAuth(self.kube, cache_ttl=s.metrics_auth_cache_ttl)
+        app = create_metrics_app(
+            metrics=self.metrics,
+            auth=auth,
+            background={"nmo-metrics-cert-watcher": lambda: cert.watch(s.cert_poll_interval)},
+        )
+        await self._start("metrics", app, port, cert.context)
+
+    async def _start_webhook(self, port: int) -> None:
+        s = self.settings
+        cert = ReloadingCertificate(s.cert_dir, cert_name=s.cert_name, key_name=s.key_name)
+        if self._load_webhook_cert(cert):
+            await self._serve_webhook(cert, port)
+        else:
+            self._tasks["webhook-starter"] = asyncio.create_task(
+                self._wait_for_certs(cert, port), name="nmo-webhook-starter"
+            )
+
+    def _load_webhook_cert(self, cert: ReloadingCertificate) -> bool:
+        s = self.settings
+        try:
+            cert.load()
+            return True
+        except (OSError, ssl.SSLError) as exc:
+            reason = f"webhook server is off: {exc}"
+            if reason != self.webhook.reason:
+                log.warning(
+                    "%s; NodeMaintenance admission is not served until a certificate "
+                    "appears (checked every %gs)",
+                    reason,
+                    s.cert_poll_interval,
+                    extra={"cert_dir": str(s.cert_dir)},
+                )
+            self.webhook.reason = reason
+            return False
+
+    async def _wait_for_certs(self, cert: ReloadingCertificate, port: int) -> None:
+        while True:
+            await asyncio.sleep(self.settings.cert_poll_interval)
+            if self._load_webhook_cert(cert):
+                await self._serve_webhook(cert, port)
+                return
+
+    async def _serve_webhook(self, cert: ReloadingCertificate, port: int) -> None:
+        s = self.settings
+        app = create_webhook_app(
+            lookups=self.lookups,
+            metrics=self.metrics,
+            background={"nmo-webhook-cert-watcher": lambda: cert.watch(s.cert_poll_interval)},
+        )
+        await self._start("webhook", app, port, cert.context)
+        self.webhook.reason = None
+        log.info(
+            "webhook server for maintenance admission listening",
+            extra={"url": f"https://{s.bind_address}:{self.ports['webhook']}{WEBHOOK_PATH}"},
+        )
+
+    async def _start(self, name: str, app: FastAPI, port: int, ctx: ssl.SSLContext | None) -> None:
+        s = self.settings
+        options: dict[str, Any] = {}
+        if ctx is not None:
+            options["ssl_context_factory"] = lambda _config, _default: ctx
+        config = uvicorn.Config(
+            app,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            http="h11",
+            ws="none",
+            proxy_headers=False,
+            server_header=False,
+            timeout_graceful_shutdown=s.graceful_shutdown_seconds,
+            **options,
+        )
+        sock = bind(s.bind_address, port)
+        try:
+            server = _EmbeddedServer(config)
+            config.load()
+            server.lifespan = config.lifespan_class(config)
+            await server.startup(sockets=[sock])
+        except BaseException:
+            sock.close()
+            raise
+        self.ports[name] = sock.getsockname()[1]
+        self._servers[name] = (server, sock)
+        self._tasks[name] = asyncio.create_task(self._run(server, sock), name=f"nmo-{name}-server")
+        log.info(
+            "%s server listening",
+            name,
+            extra={"address": s.bind_address, "port": self.ports[name], "tls": ctx is not None},
+        )
+
+    @staticmethod
+    async def _run(server: _EmbeddedServer, sock: socket.socket) -> None:
+        await server.main_loop()
+        await server.shutdown(sockets=[sock])
+
+    async def wait(self) -> None:
+        """Return never; raise when a server ends on its own."""
+        while True:
+            tasks = list(self._tasks.values())
+            if not tasks:
+                await asyncio.Event().wait()  # every server is turned off
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                name = next(n for n, t in self._tasks.items() if t is task)
+                if task.cancelled() or self._stopping:
+                    raise RuntimeError(f"{name} server was stopped")
+                exc = task.exception()
+                if exc is not None:
+                    raise RuntimeError(f"{name} server failed: {exc}") from exc
+                if name != "webhook-starter":
+                    raise RuntimeError(f"{name} server stopped unexpectedly")
+                del self._tasks[name]
+
+    async def stop(self) -> None:
+        """Stop accepting, let requests in flight finish, then close."""
+        self._stopping = True
+        starter = self._tasks.pop("webhook-starter", None)
+        if starter is not None:
+            starter.cancel()
+            await asyncio.gather(starter, return_exceptions=True)
+        for server, _sock in self._servers.values():
+            server.should_exit = True
+        timeout = self.settings.graceful_shutdown_seconds + 5
+        pending = [t for t in self._tasks.values() if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=timeout)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        for _server, sock in self._servers.values():
+            sock.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._servers.clear()
+        self._tasks.clear()
+
+
+def caches_synced(*caches: ObjectCache) -> Check:
+    """A readiness check that fails until every informer has listed once."""
+
+    def check() -> None:
+        if not all(cache.synced.is_set() for cache in caches):
+            raise CheckFailed("node and NodeMaintenance caches have not synced yet")
+
+    return check
+
+
+async def serve(
+    settings: ServerSettings,
+    *,
+    kube: KubeClient,
+    nodes: ObjectCache,
+    maintenances: ObjectCache,
+    metrics: Metrics,
+    readiness: Mapping[str, Check] | None = None,
+    liveness: Mapping[str, Check] | None = None,
+    lookup_settings: LookupSettings | None = None,
+) -> None:
+    """Run the webhook, probes and metrics servers until cancelled.
+
+    ``nodes`` and ``maintenances`` are the operator's informers for all Nodes
+    and all NodeMaintenances (see :func:`nmo.webhooks.lookups.build_lookups`);
+    ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``.
+    Raises when a server cannot start or stops on its own.
+    """
+    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
+    ready = dict(readiness or {})
+    if settings.require_webhook_for_ready and settings.webhook_port is not None:
+        ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
+    probes = Probes(healthz=liveness, readyz=ready)
+    servers = Servers(settings, kube=kube, lookups=lookups, metrics=metrics, probes=probes)
+    await servers.start()
+    try:
+        await servers.wait()
+    finally:
+        await servers.stop()
