@@ -27,7 +27,11 @@ async def sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
     try:
         binaries = find_binaries()
     except MissingBinariesError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        problem = str(exc)
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(problem, pytrace=False)
     async with Sandbox(
         tmp_path_factory.mktemp("sandbox"), nodes=SANDBOX_NODES, binaries=binaries
     ) as sb:
@@ -44,6 +48,7 @@ async def kube(sandbox: Sandbox) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def namespace(sandbox: Sandbox, kube: httpx.AsyncClient) -> AsyncIterator[str]:
     """A fresh namespace whose ``default`` ServiceAccount exists; deleted afterwards."""
+    sandbox.check_alive()  # a dead component should fail here, with its log tail
     name = f"t-{uuid.uuid4().hex[:8]}"
     resp = await kube.post(
         "/api/v1/namespaces",
@@ -86,6 +91,24 @@ class NodeFactory:
 @pytest.fixture
 async def node_factory(sandbox: Sandbox) -> AsyncIterator[NodeFactory]:
     """``await node_factory(2, labels={...})`` -> names of new Ready nodes, deleted after."""
+    sandbox.check_alive()
     factory = NodeFactory(sandbox)
     yield factory
     await factory.cleanup()
+
+
+# The session's nmo process (see operator_fixtures.py).
+from operator_fixtures import operator  # noqa: E402, F401
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """On failure, attach the tail of the nmo operator's log to the report."""
+    outcome = yield
+    report = outcome.get_result()
+    from operator_fixtures import CURRENT
+
+    if report.failed and CURRENT:
+        op = CURRENT[-1]
+        lines = op.logs().splitlines()[-80:]
+        report.sections.append((f"nmo log ({op.log_dir})", "\n".join(lines)))

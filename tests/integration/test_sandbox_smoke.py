@@ -8,6 +8,7 @@ makes an operator test fail for the wrong reason.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -265,3 +266,34 @@ async def test_kwok_finishes_terminating_pod_after_its_grace_period(
     await until(lambda: gone("slow"), timeout=10, what="kwok to finish the terminating pod")
     # deletionTimestamp has second resolution, so allow up to a second early.
     assert time.monotonic() - t0 >= 3.9
+
+
+async def test_audit_log_records_each_request_with_its_user_agent(sandbox: Sandbox) -> None:
+    agent = f"smoke-{uuid.uuid4().hex[:8]}"
+    async with sandbox.client(user_agent=agent) as client:
+        for _ in range(3):
+            (await client.get("/api/v1/namespaces/default")).raise_for_status()
+
+    def mine() -> list[Json]:
+        lines = sandbox.audit_log.read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e.get("userAgent") == agent]
+
+    events = await until(lambda: asyncio.sleep(0, mine()), what="audit events")
+    assert len(events) == 3
+    assert {e["user"]["username"] for e in events} == {"nmo-admin"}
+    assert {e["verb"] for e in events} == {"get"}
+
+
+async def test_apiserver_restart_keeps_the_cluster_working(
+    sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str
+) -> None:
+    old_pid = sandbox.pids["kube-apiserver"]
+    port = sandbox.ports.apiserver
+    await sandbox.restart_apiserver()
+    assert sandbox.pids["kube-apiserver"] != old_pid
+    assert sandbox.ports.apiserver == port
+    sandbox.check_alive()
+    # Scheduler, controller-manager and kwok reconnect on their own.
+    await create(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment("after", 2))
+    await running_pods(kube, namespace, "after", 2)
+    await sandbox.wait_nodes_ready(sandbox.node_names, timeout=30)

@@ -244,16 +244,19 @@ class Reconciler:
         return raw, NodeMaintenance.from_api(raw)
 
     def _older_duplicate(self, nm: NodeMaintenance) -> str | None:
-        """The name of an older CR for the same node, if any (B8)."""
-        mine = (nm.metadata.creation_timestamp, nm.metadata.name)
+        """The name of a CR for the same node that owns it before this one (B8).
+
+        A CR that has started (has a phase) outranks one that has not; then
+        the older creationTimestamp wins (second resolution), then the name.
+        """
+        mine = _rank(nm)
         for other_raw in list(self.maintenances.store.values()):
             other = NodeMaintenance.from_api(other_raw)
             if other.metadata.name == nm.metadata.name or other.spec.node_name != nm.spec.node_name:
                 continue
             if status.is_duplicate_failure(other.status, other.spec.node_name):
                 continue
-            theirs = (other.metadata.creation_timestamp, other.metadata.name)
-            if _before(theirs, mine):
+            if _rank(other) < mine:
                 return other.metadata.name
         return None
 
@@ -417,11 +420,10 @@ class Reconciler:
         return DONE
 
 
-def _before(a: tuple[datetime | None, str], b: tuple[datetime | None, str]) -> bool:
-    ta, tb = a[0], b[0]
-    if ta is not None and tb is not None and ta != tb:
-        return ta < tb
-    return a[1] < b[1]
+def _rank(nm: NodeMaintenance) -> tuple[int, datetime, str]:
+    started = 0 if nm.status.phase is not None else 1
+    created = nm.metadata.creation_timestamp or datetime.max.replace(tzinfo=UTC)
+    return (started, created, nm.metadata.name)
 
 
 def _ctx(nm: NodeMaintenance) -> dict[str, str]:

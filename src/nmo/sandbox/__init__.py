@@ -13,16 +13,14 @@ This package never imports kr8s: it is the cluster nmo is tested against, not
 a client of nmo's boundary.
 """
 
-from nmo.sandbox.binaries import Binaries, MissingBinariesError, find_binaries
-from nmo.sandbox.cluster import (
+from nmo.sandbox.binaries import Binaries, find_binaries
+from nmo.sandbox.cluster import Sandbox, down, env, up
+from nmo.sandbox.errors import (
     ComponentError,
-    Sandbox,
+    MissingBinariesError,
     SandboxAlreadyRunningError,
     SandboxError,
     SandboxNotRunningError,
-    down,
-    env,
-    up,
 )
 from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
 

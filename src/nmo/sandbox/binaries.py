@@ -18,6 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmo.sandbox.errors import MissingBinariesError
+
 __all__ = [
     "BINARIES",
     "VERSIONS",
@@ -38,10 +40,6 @@ BINARIES = (
     "helm",
 )
 _SCRIPT = Path("hack") / "sandbox-bin.sh"
-
-
-class MissingBinariesError(RuntimeError):
-    """A sandbox binary (or kwok's stage sets) is not in the cache."""
 
 
 @dataclass(frozen=True)

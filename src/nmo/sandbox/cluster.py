@@ -23,7 +23,6 @@ import asyncio
 import atexit
 import contextlib
 import datetime as dt
-import json
 import os
 import shlex
 import shutil
@@ -49,12 +48,30 @@ from nmo.sandbox.components import (
     kubeconfig_yaml,
     write_audit_policy,
 )
+from nmo.sandbox.errors import (
+    ComponentError,
+    MissingBinariesError,
+    SandboxAlreadyRunningError,
+    SandboxError,
+    SandboxNotRunningError,
+)
 from nmo.sandbox.nodes import node_is_ready, node_manifest
 from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
 from nmo.sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, rss_kib, spawn
+from nmo.sandbox.state import (
+    kill_in_order,
+    process_refs,
+    read_state,
+    refuse_if_running,
+    remove_all,
+    write_state,
+)
 
+# The errors are re-exported so ``cluster.SandboxError`` works for the CLI.
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "ComponentError",
+    "MissingBinariesError",
     "Sandbox",
     "SandboxAlreadyRunningError",
     "SandboxError",
@@ -66,29 +83,7 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 120.0
 _POLL = 0.1
-_STATE_VERSION = 1
 _USER_AGENT = "nmo-sandbox"
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be started, stopped or found."""
-
-
-class SandboxAlreadyRunningError(SandboxError):
-    """``DIR`` already holds a running sandbox."""
-
-
-class SandboxNotRunningError(SandboxError):
-    """``DIR`` holds no sandbox state (nothing to stop or describe)."""
-
-
-class ComponentError(SandboxError):
-    """A component exited or did not get ready; the message ends with its log tail."""
-
-    def __init__(self, component: str, problem: str, tail: str) -> None:
-        self.component = component
-        self.tail = tail
-        super().__init__(f"{problem}\n--- last lines of {component}'s log ---\n{tail}")
 
 
 class Sandbox:
@@ -196,7 +191,7 @@ class Sandbox:
         if self._procs:
             raise SandboxError(f"the sandbox in {self.dir} is already started")
         bins = self._binaries()
-        _refuse_if_running(self.layout)
+        refuse_if_running(self.layout)
         t0 = time.monotonic()
         deadline = t0 + self.timeout
         self._prepare()
@@ -251,7 +246,7 @@ class Sandbox:
         self._procs.clear()
         self._refs.clear()
         if refs:
-            await asyncio.to_thread(_kill_in_order, refs)
+            await asyncio.to_thread(kill_in_order, refs)
         self._unregister_atexit()
         if self._owns_dir:
             self.layout.state_file.unlink(missing_ok=True)
@@ -275,12 +270,16 @@ class Sandbox:
                 out[name] = rss
         return out
 
-    async def stop_apiserver(self) -> None:
-        """Stop kube-apiserver only (the other components keep retrying)."""
+    async def stop_apiserver(self, *, grace: float = 2.0) -> None:
+        """Stop kube-apiserver only (the other components keep retrying).
+
+        SIGTERM, then SIGKILL after ``grace`` s: with watches open the
+        apiserver's graceful shutdown otherwise lingers for 5 s or more.
+        """
         ref = self._refs.pop("kube-apiserver", None)
         self._procs.pop("kube-apiserver", None)
         if ref is not None:
-            await asyncio.to_thread(kill_groups, [ref])
+            await asyncio.to_thread(kill_groups, [ref], grace=grace)
         self._write_state()
 
     async def start_apiserver(self, *, timeout: float | None = None) -> None:
@@ -417,6 +416,7 @@ class Sandbox:
         deadline: float,
     ) -> None:
         """Poll ``probe`` until true; fail fast if any component dies."""
+        began = time.monotonic()
         while True:
             self.check_alive()
             try:
@@ -427,7 +427,7 @@ class Sandbox:
             if time.monotonic() >= deadline:
                 raise ComponentError(
                     component,
-                    f"timed out after {self.timeout:.0f}s waiting for {what}",
+                    f"timed out waiting for {what} (waited {time.monotonic() - began:.0f}s)",
                     log_tail(self.log_file(component)),
                 )
             await asyncio.sleep(_POLL)
@@ -475,26 +475,25 @@ class Sandbox:
         return self._ssl
 
     def _write_state(self) -> None:
-        state = {
-            "version": _STATE_VERSION,
-            "dir": str(self.dir),
-            "server": self.server,
-            "kubeconfig": str(self.kubeconfig),
-            "bin_dir": str(self.bin_dir),
-            "ports": self.ports.to_json(),
-            "nodes": self.node_names,
-            "persistent": self.persistent,
-            "owner_pid": os.getpid(),
-            "written_at": dt.datetime.now(dt.UTC).isoformat(),
-            "timings": self.timings,
-            "components": {
-                name: {**ref.to_json(), "log": str(self.log_file(name))}
-                for name, ref in self._refs.items()
+        write_state(
+            self.layout,
+            {
+                "dir": str(self.dir),
+                "server": self.server,
+                "kubeconfig": str(self.kubeconfig),
+                "bin_dir": str(self.bin_dir),
+                "ports": self.ports.to_json(),
+                "nodes": self.node_names,
+                "persistent": self.persistent,
+                "owner_pid": os.getpid(),
+                "written_at": dt.datetime.now(dt.UTC).isoformat(),
+                "timings": self.timings,
+                "components": {
+                    name: {**ref.to_json(), "log": str(self.log_file(name))}
+                    for name, ref in self._refs.items()
+                },
             },
-        }
-        tmp = self.layout.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(self.layout.state_file)
+        )
 
     def _kill_sync(self) -> None:
         """Last-resort cleanup for atexit and signal handlers (no event loop)."""
@@ -502,7 +501,7 @@ class Sandbox:
         self._procs.clear()
         self._refs.clear()
         if refs:
-            _kill_in_order(refs, grace=3.0)
+            kill_in_order(refs, grace=3.0)
             self.layout.state_file.unlink(missing_ok=True)
 
     def _unregister_atexit(self) -> None:
@@ -546,78 +545,23 @@ def up(dir: Path | str, nodes: int = 3, *, timeout: float = DEFAULT_TIMEOUT) -> 
 
 
 def down(dir: Path | str) -> None:
-    """Stop the sandbox recorded in ``dir`` and remove everything it wrote there."""
+    """Stop the sandbox recorded in ``dir`` and remove everything it wrote there.
+
+    Raises :class:`SandboxNotRunningError` (touching nothing) without a state file.
+    """
     layout = Layout(Path(dir).expanduser().resolve())
-    state = _read_state(layout)
-    refs = {name: ProcessRef.from_json(c) for name, c in state.get("components", {}).items()}
-    _kill_in_order(refs)
-    for path in layout.owned():
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    layout.state_file.with_suffix(".tmp").unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        layout.dir.rmdir()  # only if nothing else is left in it
+    kill_in_order(process_refs(read_state(layout)))
+    remove_all(layout)
 
 
 def env(dir: Path | str) -> str:
     """Shell lines that point kubectl (and PATH) at the sandbox in ``dir``."""
     layout = Layout(Path(dir).expanduser().resolve())
-    state = _read_state(layout)
+    state = read_state(layout)
     return (
         f"export KUBECONFIG={shlex.quote(state['kubeconfig'])}\n"
         f"export PATH={shlex.quote(state['bin_dir'])}:$PATH\n"
     )
-
-
-def _kill_in_order(refs: dict[str, ProcessRef], *, grace: float = 5.0) -> None:
-    """Stop clients first, then the apiserver, then etcd.
-
-    Killed together, the apiserver and etcd each wait on the other and take
-    7-11 s to exit; in this order the whole stop takes about a second.
-    """
-    order = list(reversed(COMPONENTS))
-    unknown = [ref for name, ref in refs.items() if name not in order]
-    clients = [refs[n] for n in order[:3] if n in refs]
-    for group in (unknown + clients, [refs.get("kube-apiserver")], [refs.get("etcd")]):
-        kill_groups([ref for ref in group if ref is not None], grace=grace)
-
-
-def _read_state(layout: Layout) -> dict[str, Any]:
-    try:
-        text = layout.state_file.read_text()
-    except FileNotFoundError:
-        raise SandboxNotRunningError(
-            f"no sandbox in {layout.dir}: {layout.state_file.name} not found"
-        ) from None
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SandboxError(f"unreadable sandbox state {layout.state_file}: {exc}") from exc
-    if not isinstance(state, dict):
-        raise SandboxError(f"unreadable sandbox state {layout.state_file}")
-    return state
-
-
-def _refuse_if_running(layout: Layout) -> None:
-    try:
-        state = _read_state(layout)
-    except SandboxNotRunningError:
-        return
-    except SandboxError:
-        return  # a torn state file from a crash: its processes are unknowable
-    running = {
-        name: c["pid"]
-        for name, c in state.get("components", {}).items()
-        if ProcessRef.from_json(c).alive()
-    }
-    if running:
-        pids = ", ".join(f"{n} pid {p}" for n, p in running.items())
-        raise SandboxAlreadyRunningError(
-            f"a sandbox is already running in {layout.dir} ({pids}, server "
-            f"{state.get('server')}); stop it first with `sandbox down` or pick another dir"
-        )
 
 
 async def _create_node(

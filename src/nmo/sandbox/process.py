@@ -115,8 +115,7 @@ def kill_groups(refs: Iterable[ProcessRef], *, grace: float = 5.0) -> None:
         targets = [r for r in targets if r.alive()]
         if targets:
             time.sleep(0.05)
-    # A child that died between two polls is a zombie until waited for.
-    _reap(all_refs)
+    _reap_all(all_refs)
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -180,6 +179,29 @@ def _reap(refs: Iterable[ProcessRef]) -> None:
     for ref in refs:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(ref.pid, os.WNOHANG)
+
+
+def _reap_all(refs: Iterable[ProcessRef], timeout: float = 2.0) -> None:
+    """Wait for our own dead children so none is left a zombie.
+
+    A multi-threaded process shows as a zombie as soon as its main thread
+    exits but can only be reaped once every thread is gone, hence the loop.
+    """
+    pending = list(refs)
+    deadline = time.monotonic() + timeout
+    while pending:
+        still = []
+        for ref in pending:
+            try:
+                pid, _ = os.waitpid(ref.pid, os.WNOHANG)
+            except ChildProcessError:
+                continue  # not our child (down from another process) or reaped
+            if pid == 0:
+                still.append(ref)
+        pending = still
+        if not pending or time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

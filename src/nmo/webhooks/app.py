@@ -166,7 +166,7 @@ def _log_decision(request: AdmissionRequest, decision: Decision) -> None:
     extra = {
         "webhook": WEBHOOK_NAME,
         "operation": request.operation,
-        "name": request.name or (obj.get("metadata") or {}).get("name", ""),
+        "cr": request.name or (obj.get("metadata") or {}).get("name", ""),
         "node": node,
         "uid": request.uid,
         "user": request.user_info.username,

@@ -117,6 +117,7 @@ class Servers:
         self.probes = probes or Probes()
         self.webhook = WebhookState()
         self.ports: dict[str, int] = {}
+        self.certificates: dict[str, ReloadingCertificate] = {}
         self._servers: dict[str, tuple[_EmbeddedServer, socket.socket]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._tmp: Path | None = None
@@ -131,12 +132,16 @@ class Servers:
         s = self.settings
         if s.enable_http2:
             log.warning("HTTP/2 was requested but is not supported; serving HTTP/1.1 only")
-        if s.probes_port is not None:
-            await self._start("probes", create_probes_app(self.probes), s.probes_port, None)
-        if s.metrics_port is not None:
-            await self._start_metrics(s.metrics_port)
-        if s.webhook_port is not None:
-            await self._start_webhook(s.webhook_port)
+        try:
+            if s.probes_port is not None:
+                await self._start("probes", create_probes_app(self.probes), s.probes_port, None)
+            if s.metrics_port is not None:
+                await self._start_metrics(s.metrics_port)
+            if s.webhook_port is not None:
+                await self._start_webhook(s.webhook_port)
+        except BaseException:
+            await self.stop()  # whatever did start must not linger
+            raise
 
     async def _start_metrics(self, port: int) -> None:
         s = self.settings
@@ -152,6 +157,7 @@ class Servers:
             cert = ReloadingCertificate(self._tmp)
             log.info("metrics server uses a self-signed certificate")
         cert.load()
+        self.certificates["metrics"] = cert
         auth = MetricsAuth(self.kube, cache_ttl=s.metrics_auth_cache_ttl)
         app = create_metrics_app(
             metrics=self.metrics,
@@ -163,6 +169,7 @@ class Servers:
     async def _start_webhook(self, port: int) -> None:
         s = self.settings
         cert = ReloadingCertificate(s.cert_dir, cert_name=s.cert_name, key_name=s.key_name)
+        self.certificates["webhook"] = cert
         if self._load_webhook_cert(cert):
             await self._serve_webhook(cert, port)
         else:

@@ -1,0 +1,513 @@
+"""The maintenance engine on the real sandbox (behavior.md A2-A5, B1-B9).
+
+Every test gets its own kwok nodes and namespace; the session's nmo process
+(``operator``) reconciles all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from objects import NM, Api, deployment, pdb, pod_spec, uid
+from operator_fixtures import Operator, wait_for
+
+pytestmark = pytest.mark.integration
+
+TAINT_KEYS = {"node.kubernetes.io/unschedulable", "medik8s.io/drain"}
+LABEL = "remediation.medik8s.io/exclude-from-remediation"
+
+
+@pytest.fixture
+async def api(kube: httpx.AsyncClient) -> Api:
+    return Api(kube)
+
+
+def taint_keys(node: dict[str, Any]) -> set[str]:
+    return {t["key"] for t in node["spec"].get("taints") or []}
+
+
+async def wait_phase(api: Api, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if obj and (obj.get("status") or {}).get("phase") == phase else None
+
+    return await wait_for(check, timeout=timeout, what=f"{name} phase {phase}")
+
+
+async def remove_nm(api: Api, name: str, timeout: float = 30) -> None:
+    await api.delete(f"{NM}/{name}")
+
+    async def gone() -> bool:
+        return await api.nm(name) is None
+
+    await wait_for(gone, timeout=timeout, what=f"{name} deleted")
+
+
+async def test_full_maintenance_and_removal(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    pool = f"pool-{uid()}"
+    (target,) = await node_factory(1, labels={"pool": pool})
+    (spare,) = await node_factory(1)
+    ns = namespace
+    # Workloads on the target: a Deployment, a DaemonSet pod, a bare pod, an emptyDir pod.
+    await api.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment("web", 2, {"app": "web"}, pod_spec({"pool": pool})),
+    )
+    ds = deployment("agent", 0, {"app": "agent"}, pod_spec({"kubernetes.io/hostname": target}))
+    ds["kind"] = "DaemonSet"
+    del ds["spec"]["replicas"]
+    await api.create(f"/apis/apps/v1/namespaces/{ns}/daemonsets", ds)
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {"metadata": {"name": "bare"}, "spec": pod_spec(node_name=target)},
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {"metadata": {"name": "scratch"}, "spec": pod_spec(node_name=target, empty_dir=True)},
+    )
+
+    async def all_running() -> bool:
+        pods = await api.pods(ns, node=target)
+        return len(pods) == 5 and all(p["status"].get("phase") == "Running" for p in pods)
+
+    await wait_for(all_running, what="5 running pods on the target")
+    # Now the spare node may take the Deployment's replacements.
+    await api.merge(f"/api/v1/nodes/{spare}", {"metadata": {"labels": {"pool": pool}}})
+    ds_pod = next(
+        p for p in await api.pods(ns, node=target) if p["metadata"]["name"].startswith("agent")
+    )
+
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+    nm = await wait_phase(api, name, "Succeeded")
+    st = nm["status"]
+    assert st["drainProgress"] == 100
+    assert st["totalpods"] == 5
+    assert st["evictionPods"] == 4
+    assert st.get("pendingPods", []) == []
+    assert "lastError" not in st  # B5: cleared on success
+    assert nm["metadata"]["ownerReferences"][0]["kind"] == "Node"  # B6: persisted
+
+    node = await api.node(target)
+    assert node["spec"]["unschedulable"] is True
+    assert taint_keys(node) >= TAINT_KEYS
+    assert node["metadata"]["labels"][LABEL] == "true"
+    left = await api.pods(ns, node=target)
+    assert [p["metadata"]["uid"] for p in left] == [
+        ds_pod["metadata"]["uid"]
+    ]  # DaemonSet untouched
+
+    async def web_elsewhere() -> bool:
+        pods = [p for p in await api.pods(ns) if p["metadata"]["name"].startswith("web")]
+        return len(pods) == 2 and all(
+            p["spec"].get("nodeName") == spare and p["status"].get("phase") == "Running"
+            for p in pods
+        )
+
+    await wait_for(web_elsewhere, what="Deployment replacements running on the spare node")
+
+    lease = await api.lease(target)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "node-maintenance"
+    assert lease["spec"]["leaseDurationSeconds"] == 3600
+    assert lease["metadata"]["ownerReferences"][0]["name"] == target
+
+    await asyncio.sleep(2)  # several more reconciles and renewals must not re-emit events (B4)
+    assert len(await api.events(name, "BeginMaintenance")) == 1
+    assert len(await api.events(name, "SucceedMaintenance")) == 1
+
+    # A foreign finalizer must survive our removal.
+    await api.merge(
+        f"{NM}/{name}",
+        {"metadata": {"finalizers": [*nm["metadata"]["finalizers"], "example.com/keep"]}},
+    )
+    await api.delete(f"{NM}/{name}")
+
+    async def released() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if obj and obj["metadata"]["finalizers"] == ["example.com/keep"] else None
+
+    await wait_for(released, what="our finalizer removed, the foreign one kept")
+    node = await api.node(target)
+    assert not node["spec"].get("unschedulable")
+    assert not taint_keys(node) & TAINT_KEYS
+    assert LABEL not in node["metadata"]["labels"]
+    assert await api.lease(target) is None
+    assert len(await api.events(target, "UncordonNode")) == 1
+    assert len(await api.events(name, "RemovedMaintenance")) == 1
+    await api.merge(f"{NM}/{name}", {"metadata": {"finalizers": []}})
+
+
+async def test_missing_node_fails_without_retry(operator: Operator, api: Api) -> None:
+    name, node = f"nm-{uid()}", f"missing-{uid()}"
+    await api.create_nm(name, node)
+    nm = await wait_phase(api, name, "Failed")
+    assert nm["status"]["lastError"] == f'nodes "{node}" not found'
+    rv = nm["metadata"]["resourceVersion"]
+    await asyncio.sleep(3)
+    again = await api.nm(name)
+    assert again is not None
+    assert again["metadata"]["resourceVersion"] == rv, "a Failed maintenance was retried"
+    assert len(await api.events(name, "FailedMaintenance")) == 1
+    await remove_nm(api, name)
+
+
+def foreign_lease(node: dict[str, Any], holder: str = "node-healthcheck") -> dict[str, Any]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": f"node-{node['metadata']['name']}", "namespace": "medik8s-leases"},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 3600,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseTransitions": 0,
+        },
+    }
+
+
+async def test_foreign_lease_blocks_then_release_lets_it_run(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    await api.create(
+        "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases",
+        foreign_lease(await api.node(target)),
+    )
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+
+    async def blocked() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        err = ((obj or {}).get("status") or {}).get("lastError") or ""
+        return obj if "can't update or invalidate the lease" in err else None
+
+    nm = await wait_for(blocked, what="lease conflict reported")
+    assert nm["status"]["phase"] == "Running"
+    assert nm["status"]["lastError"].endswith("held by different owner: node-healthcheck")
+    await asyncio.sleep(6)  # more than one lease retry
+    nm = await api.nm(name)
+    assert nm is not None
+    assert nm["status"]["errorOnLeaseCount"] == 0
+    assert not (await api.node(target))["spec"].get("unschedulable"), "drained without the lease"
+
+    await api.delete(f"/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases/node-{target}")
+    await wait_phase(api, name, "Succeeded", timeout=30)
+    await remove_nm(api, name)
+
+
+async def test_lease_taken_away_after_progress_fails_and_restores(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+    await wait_phase(api, name, "Succeeded")
+    path = f"/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases/node-{target}"
+    lease = await api.get(path)
+    assert lease is not None
+    taken = foreign_lease(await api.node(target))
+    taken["metadata"]["resourceVersion"] = lease["metadata"]["resourceVersion"]
+    resp = await api.c.put(path, json=taken)
+    assert resp.status_code == 200, resp.text
+
+    counts: list[int] = []
+
+    async def failed() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        st = (obj or {}).get("status") or {}
+        counts.append(int(st.get("errorOnLeaseCount") or 0))
+        return obj if st.get("phase") == "Failed" else None
+
+    nm = await wait_for(failed, timeout=60, what="Failed after lease errors")
+    assert max(counts) >= 1
+    assert "lease could not be extended after 4 attempts" in nm["status"]["lastError"]
+    node = await api.node(target)
+    assert not node["spec"].get("unschedulable")
+    assert not taint_keys(node) & TAINT_KEYS
+    assert LABEL not in node["metadata"]["labels"]
+    await remove_nm(api, name)
+    lease = await api.get(path)
+    assert lease is not None and lease["spec"]["holderIdentity"] == "node-healthcheck"  # left alone
+    await api.delete(path)
+
+
+async def test_pdb_blocks_then_relaxing_it_completes(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    ns = namespace
+    await api.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment("db", 2, {"app": "db"}, pod_spec({"kubernetes.io/hostname": target})),
+    )
+    await api.create(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("db-pdb", {"app": "db"}, 2)
+    )
+    await api.create(
+        f"/api/v1/namespaces/{ns}/pods",
+        {"metadata": {"name": "free"}, "spec": pod_spec(node_name=target)},
+    )
+
+    async def ready() -> bool:
+        pods = await api.pods(ns, node=target)
+        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb")
+        return (
+            len(pods) == 3
+            and all(p["status"].get("phase") == "Running" for p in pods)
+            and (budget or {}).get("status", {}).get("currentHealthy") == 2
+        )
+
+    await wait_for(ready, what="pods running and PDB computed")
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+
+    async def blocked() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        st = (obj or {}).get("status") or {}
+        details = st.get("pendingPodsDetails") or []
+        if len(details) == 2 and all(d["reason"] == "DisruptionBudget" for d in details):
+            return obj
+        return None
+
+    nm = await wait_for(blocked, what="both db pods blocked by the PDB")
+    st = nm["status"]
+    assert st["phase"] == "Running"
+    assert 0 < st["drainProgress"] < 100
+    assert all(d["disruptionBudget"] == "db-pdb" for d in st["pendingPodsDetails"])
+    assert sorted(st["pendingPods"]) == sorted(p["name"] for p in st["pendingPodsRefs"])
+    assert "db-pdb" in st["lastError"]
+
+    await api.merge(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+        {"spec": {"minAvailable": 0}},
+    )
+    nm = await wait_phase(api, name, "Succeeded", timeout=60)
+    assert "lastError" not in nm["status"]
+    await remove_nm(api, name)
+
+
+async def test_twenty_at_once_one_blocked(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    nodes = await node_factory(20)
+    ns = namespace
+    for i, node in enumerate(nodes):
+        labels = {"app": f"a{i}"}
+        await api.create(
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            deployment(f"a{i}", 1, labels, pod_spec({"kubernetes.io/hostname": node})),
+        )
+    await api.create(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("a0-pdb", {"app": "a0"}, 1)
+    )
+
+    async def running() -> bool:
+        pods = await api.pods(ns)
+        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/a0-pdb")
+        return (
+            sum(p["status"].get("phase") == "Running" for p in pods) == 20
+            and (budget or {}).get("status", {}).get("currentHealthy") == 1
+        )
+
+    await wait_for(running, what="20 pods running")
+    names = [f"nm-{uid()}-{i}" for i in range(20)]
+    started = time.monotonic()
+    await asyncio.gather(*(api.create_nm(n, node) for n, node in zip(names, nodes, strict=True)))
+
+    async def others_done() -> bool:
+        phases = await asyncio.gather(*(api.phase(n) for n in names[1:]))
+        return all(p == "Succeeded" for p in phases)
+
+    await wait_for(others_done, timeout=90, what="19 unblocked maintenances Succeeded")
+    elapsed = time.monotonic() - started
+    assert await api.phase(names[0]) == "Running"
+    print(
+        f"\n19 of 20 concurrent maintenances Succeeded in {elapsed:.1f}s while one is PDB-blocked"
+    )
+    await asyncio.gather(*(remove_nm(api, n) for n in names))
+
+
+async def test_duplicate_cr_refused_by_reconciler(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    first, second = f"nm-{uid()}-a", f"nm-{uid()}-b"
+    await api.create_nm(first, target)
+    await wait_phase(api, first, "Succeeded")
+    await api.create_nm(second, target)
+    dup = await wait_phase(api, second, "Failed")
+    assert (
+        dup["status"]["lastError"]
+        == f"invalid nodeName, a NodeMaintenance for node {target} already exists"
+    )
+    await remove_nm(api, second)
+    node = await api.node(target)
+    assert node["spec"]["unschedulable"] is True, (
+        "removing the duplicate undid the real maintenance"
+    )
+    assert await api.phase(first) == "Succeeded"
+    await remove_nm(api, first)
+    assert not (await api.node(target))["spec"].get("unschedulable")
+
+
+async def test_prior_cordon_and_taints_are_kept(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    own_taint = {"key": "example.com/dedicated", "value": "db", "effect": "NoSchedule"}
+    node = await api.node(target)
+    await api.merge(
+        f"/api/v1/nodes/{target}",
+        {
+            "spec": {
+                "unschedulable": True,
+                "taints": [*(node["spec"].get("taints") or []), own_taint],
+            }
+        },
+    )
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+    await wait_phase(api, name, "Succeeded")
+    await remove_nm(api, name)
+    node = await api.node(target)
+    assert node["spec"]["unschedulable"] is True, (
+        "a node cordoned before maintenance was uncordoned"
+    )
+    assert own_taint in node["spec"]["taints"]
+    assert not taint_keys(node) & {"medik8s.io/drain"}
+    assert await api.events(target, "UncordonNode") == []
+
+
+async def test_lease_renewed_in_background(operator: Operator, api: Api, node_factory: Any) -> None:
+    (target,) = await node_factory(1)
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+    await wait_phase(api, name, "Succeeded")
+    first = await api.lease(target)
+    assert first is not None
+
+    async def renewed() -> bool:
+        lease = await api.lease(target)
+        return lease is not None and lease["spec"]["renewTime"] > first["spec"]["renewTime"]
+
+    await wait_for(renewed, timeout=15, what="lease renewed with no reconcile running")
+    await remove_nm(api, name)
+
+
+async def test_node_deleted_collects_cr_and_lease(
+    operator: Operator, api: Api, node_factory: Any, sandbox: Any
+) -> None:
+    (target,) = await node_factory(1)
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+    await wait_phase(api, name, "Succeeded")
+    await sandbox.delete_node(target)
+
+    async def both_gone() -> bool:
+        return await api.nm(name) is None and await api.lease(target) is None
+
+    await wait_for(both_gone, timeout=60, what="CR garbage collected and lease released")
+
+
+async def test_operator_restart_mid_drain_converges(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    (target,) = await node_factory(1)
+    ns = namespace
+    await api.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment("db", 1, {"app": "db"}, pod_spec({"kubernetes.io/hostname": target})),
+    )
+    await api.create(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("db-pdb", {"app": "db"}, 1)
+    )
+
+    async def ready() -> bool:
+        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb")
+        return (budget or {}).get("status", {}).get("currentHealthy") == 1
+
+    await wait_for(ready, what="PDB computed")
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+
+    async def blocked() -> bool:
+        obj = await api.nm(name)
+        return bool(((obj or {}).get("status") or {}).get("pendingPodsDetails"))
+
+    await wait_for(blocked, what="drain blocked by PDB")
+    operator.kill()
+    await api.merge(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+        {"spec": {"minAvailable": 0}},
+    )
+    await operator.start()
+    await wait_phase(api, name, "Succeeded", timeout=60)
+    assert len(await api.events(name, "BeginMaintenance")) == 1
+    assert len(await api.events(name, "SucceedMaintenance")) == 1
+    lease = await api.lease(target)
+    assert lease is not None and lease["spec"]["leaseTransitions"] == 0
+    await remove_nm(api, name)
+
+
+async def test_apiserver_restart_mid_drain_converges(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Any
+) -> None:
+    (target,) = await node_factory(1)
+    ns = namespace
+    await api.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment("db", 1, {"app": "db"}, pod_spec({"kubernetes.io/hostname": target})),
+    )
+    await api.create(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("db-pdb", {"app": "db"}, 1)
+    )
+
+    async def ready() -> bool:
+        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb")
+        return (budget or {}).get("status", {}).get("currentHealthy") == 1
+
+    await wait_for(ready, what="PDB computed")
+    name = f"nm-{uid()}"
+    await api.create_nm(name, target)
+
+    async def blocked() -> bool:
+        obj = await api.nm(name)
+        return bool(((obj or {}).get("status") or {}).get("pendingPodsDetails"))
+
+    await wait_for(blocked, what="drain blocked by PDB")
+    audit_before = sandbox.audit_log.read_text().count('"userAgent":"nmo/')
+    await sandbox.restart_apiserver(downtime=3.0)
+    async with sandbox.client() as fresh:
+        again = Api(fresh)
+        await again.merge(
+            f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+            {"spec": {"minAvailable": 0}},
+        )
+        await wait_phase(again, name, "Succeeded", timeout=90)
+        await asyncio.sleep(2)
+        text = sandbox.audit_log.read_text()
+        after = text.count('"userAgent":"nmo/')
+        lists = sum(
+            1
+            for line in text.splitlines()[-2000:]
+            if '"userAgent":"nmo/' in line and '"verb":"list"' in line
+        )
+        print(
+            f"\nnmo requests across the apiserver restart: {after - audit_before} "
+            f"(recent LISTs: {lists})"
+        )
+        assert after - audit_before < 300, "request storm after the apiserver restart"
+        assert operator.proc is not None and operator.proc.poll() is None, (
+            "nmo died with the apiserver"
+        )
+        await remove_nm(again, name)

@@ -1,0 +1,449 @@
+"""The validating webhook, called by a real kube-apiserver over TLS (behavior.md A6, B8).
+
+nmo's webhook server runs in this test process on a free 127.0.0.1 port with a
+certificate signed by the sandbox CA; a ValidatingWebhookConfiguration points
+the sandbox's apiserver at it by URL. Everything the user sees is checked
+through real ``kubectl`` or real API requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import httpx
+import pytest
+
+from nmo.api.constants import (
+    CONTROL_PLANE_ROLE_LABEL,
+    ETCD_GUARD_PDB,
+    ETCD_GUARD_PDB_OLD,
+    ETCD_NAMESPACE,
+    WEBHOOK_NAME,
+    WEBHOOK_PATH,
+    Messages,
+)
+from nmo.api.crd import crd
+from nmo.core.kube import Kube
+from nmo.core.metrics import Metrics
+from nmo.core.watch import Informer
+from nmo.sandbox import Sandbox
+from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
+from nmo.webhooks.servers import Servers, ServerSettings
+
+if TYPE_CHECKING:
+    from conftest import NodeFactory
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+Json = dict[str, Any]
+NM = MAINTENANCES_PATH
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+OPENSHIFT_CRD = "clusterversions.config.openshift.io"
+DENIED = f'admission webhook "{WEBHOOK_NAME}" denied the request: '
+
+
+async def until(
+    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 60.0, what: str = "condition"
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def nm(name: str, node: str) -> Json:
+    return {
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "reason": "webhook test"},
+    }
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def ensure(kube: httpx.AsyncClient, path: str, body: Json) -> None:
+    resp = await kube.post(path, json=body)
+    assert resp.status_code in (201, 409), resp.text
+
+
+async def install_crd(kube: httpx.AsyncClient, body: Json) -> None:
+    await ensure(kube, CRDS, body)
+    name = body["metadata"]["name"]
+
+    async def established() -> bool:
+        status = (await kube.get(f"{CRDS}/{name}")).json().get("status") or {}
+        conds = status.get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    await until(established, what=f"CRD {name} to be established")
+
+
+@dataclass
+class Webhook:
+    servers: Servers
+    metrics: Metrics
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.servers.ports['webhook']}{WEBHOOK_PATH}"
+
+
+async def dry_run_missing_node(kube: httpx.AsyncClient) -> httpx.Response:
+    return await kube.post(
+        NM, params={"dryRun": "All"}, json=nm(unique("probe"), unique("no-such-node"))
+    )
+
+
+@pytest.fixture(scope="module")
+async def webhook(
+    sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Webhook]:
+    """nmo's webhook server, registered with the sandbox apiserver for this module."""
+    async with sandbox.client() as kube:
+        await install_crd(kube, crd())
+        certs = tmp_path_factory.mktemp("webhook-certs")
+        serving = sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="apiserver")
+        client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
+        nodes = Informer(client, NODES_PATH, name="nodes")
+        maintenances = Informer(client, MAINTENANCES_PATH, name="nodemaintenances")
+        # openshift_ttl=0: the quorum test flips discovery on and off.
+        lookups = build_lookups(
+            client,
+            nodes=nodes,
+            maintenances=maintenances,
+            settings=LookupSettings(openshift_ttl=0.0),
+        )
+        informers = [asyncio.create_task(i.run(), name=i.name) for i in (nodes, maintenances)]
+        metrics = Metrics()
+        settings = ServerSettings(
+            bind_address="127.0.0.1",
+            webhook_port=0,
+            probes_port=None,
+            metrics_port=None,
+            cert_dir=certs,
+            graceful_shutdown_seconds=1,
+        )
+        servers = Servers(settings, kube=client, lookups=lookups, metrics=metrics)
+        await servers.start()
+        hook = Webhook(servers, metrics)
+        name = unique("nmo-test")
+        await ensure(
+            kube,
+            VWC,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": name},
+                "webhooks": [
+                    {
+                        "name": WEBHOOK_NAME,
+                        "clientConfig": {
+                            "url": hook.url,
+                            "caBundle": base64.b64encode(serving.ca_bundle).decode(),
+                        },
+                        "rules": [
+                            {
+                                "apiGroups": ["nodemaintenance.medik8s.io"],
+                                "apiVersions": ["v1beta1"],
+                                "operations": ["CREATE", "UPDATE"],
+                                "resources": ["nodemaintenances"],
+                                "scope": "*",
+                            }
+                        ],
+                        "failurePolicy": "Fail",
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 10,
+                    }
+                ],
+            },
+        )
+
+        async def effective() -> bool:
+            return (await dry_run_missing_node(kube)).status_code == 403
+
+        await until(effective, what="the apiserver to call the webhook")
+        try:
+            yield hook
+        finally:
+            await kube.delete(f"{VWC}/{name}")
+
+            async def gone() -> bool:
+                return (await dry_run_missing_node(kube)).status_code == 201
+
+            # A stale Fail-policy webhook would refuse every later test's CRs.
+            await until(gone, what="the apiserver to stop calling the webhook")
+            await servers.stop()
+            for task in informers:
+                task.cancel()
+            await asyncio.gather(*informers, return_exceptions=True)
+            await client.close()
+
+
+async def kubectl_create(sandbox: Sandbox, obj: Json) -> tuple[int, str]:
+    result = await sandbox.kubectl("create", "-f", "-", input=json.dumps(obj))
+    return result.returncode, result.stderr.strip()
+
+
+async def test_missing_node_is_refused_by_kubectl(sandbox: Sandbox, webhook: Webhook) -> None:
+    node = unique("missing")
+    code, stderr = await kubectl_create(sandbox, nm(unique("nm"), node))
+    assert code != 0
+    assert DENIED + Messages.WEBHOOK_NO_NODE.format(node=node) in stderr
+    count = webhook.metrics.registry.get_sample_value(
+        "nmo_webhook_admissions_total", {"operation": "CREATE", "result": "denied"}
+    )
+    assert count is not None
+    assert count >= 1
+
+
+async def test_duplicate_and_node_name_change_are_refused(
+    sandbox: Sandbox, kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    node, other = await node_factory(2)
+    first = unique("first")
+    code, stderr = await kubectl_create(sandbox, nm(first, node))
+    assert code == 0, stderr
+    try:
+        code, stderr = await kubectl_create(sandbox, nm(unique("second"), node))
+        assert code != 0
+        assert DENIED + Messages.WEBHOOK_DUPLICATE.format(node=node) in stderr
+
+        patch = json.dumps({"spec": {"nodeName": other}})
+        result = await sandbox.kubectl("patch", "nm", first, "--type=merge", "-p", patch)
+        assert result.returncode != 0
+        assert DENIED + Messages.WEBHOOK_NODENAME_CHANGED in result.stderr
+
+        reason = json.dumps({"spec": {"reason": "still allowed"}})
+        result = await sandbox.kubectl("patch", "nm", first, "--type=merge", "-p", reason)
+        assert result.returncode == 0, result.stderr
+    finally:
+        await kube.delete(f"{NM}/{first}")
+
+
+async def test_cr_being_deleted_still_counts(
+    sandbox: Sandbox, kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    (node,) = await node_factory(1)
+    held = unique("held")
+    body = nm(held, node)
+    body["metadata"]["finalizers"] = ["test.nmo/hold"]
+    assert (await kube.post(NM, json=body)).status_code == 201
+    try:
+        await kube.delete(f"{NM}/{held}")
+
+        async def terminating() -> bool:
+            obj = (await kube.get(f"{NM}/{held}")).json()
+            return bool(obj.get("metadata", {}).get("deletionTimestamp"))
+
+        await until(terminating, what="the CR to be terminating")
+        code, stderr = await kubectl_create(sandbox, nm(unique("next"), node))
+        assert code != 0
+        assert DENIED + Messages.WEBHOOK_DUPLICATE.format(node=node) in stderr
+    finally:
+        await kube.patch(
+            f"{NM}/{held}",
+            json={"metadata": {"finalizers": None}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+
+async def test_server_dry_run_does_not_hold_the_node(
+    sandbox: Sandbox, kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    (node,) = await node_factory(1)
+    dry = await sandbox.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(nm("dry", node))
+    )
+    assert dry.returncode == 0, dry.stderr
+    name = unique("real")
+    code, stderr = await kubectl_create(sandbox, nm(name, node))
+    assert code == 0, stderr
+    await kube.delete(f"{NM}/{name}")
+
+
+async def test_fifty_concurrent_creates_admit_exactly_one(
+    kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    (node,) = await node_factory(1)
+    names = [unique(f"race{i}") for i in range(50)]
+    answers = await asyncio.gather(*(kube.post(NM, json=nm(n, node)) for n in names))
+    created = [n for n, r in zip(names, answers, strict=True) if r.status_code == 201]
+    try:
+        assert len(created) == 1, [r.status_code for r in answers]
+        refused = [r for r in answers if r.status_code != 201]
+        assert all(r.status_code == 403 for r in refused)
+        duplicate = Messages.WEBHOOK_DUPLICATE.format(node=node)
+        assert all(duplicate in r.json()["message"] for r in refused)
+        listed = (await kube.get(NM)).json()["items"]
+        assert [o["metadata"]["name"] for o in listed if o["spec"]["nodeName"] == node] == created
+    finally:
+        for name in created:
+            await kube.delete(f"{NM}/{name}")
+
+
+# -- OpenShift etcd quorum ----------------------------------------------------------
+
+PDBS = f"/apis/policy/v1/namespaces/{ETCD_NAMESPACE}/poddisruptionbudgets"
+PODS = f"/api/v1/namespaces/{ETCD_NAMESPACE}/pods"
+GUARD = {"app": "guard", "test": uuid.uuid4().hex[:6]}
+
+
+def openshift_crd() -> Json:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": OPENSHIFT_CRD},
+        "spec": {
+            "group": "config.openshift.io",
+            "names": {"kind": "ClusterVersion", "plural": "clusterversions"},
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def pdb(name: str) -> Json:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": GUARD}},
+    }
+
+
+def guard_pod(node: str) -> Json:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"guard-{node}", "labels": GUARD},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "guard", "image": "registry.invalid/etcd-guard:1"}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+
+
+async def discovery(kube: httpx.AsyncClient, *, served: bool) -> None:
+    async def matches() -> bool:
+        code = (await kube.get("/apis/config.openshift.io/v1")).status_code
+        return (code == 200) is served
+
+    await until(matches, what=f"config.openshift.io/v1 discovery served={served}")
+
+
+async def disruptions(kube: httpx.AsyncClient, *, healthy: int, allowed: int) -> None:
+    async def computed() -> bool:
+        obj = (await kube.get(f"{PDBS}/{ETCD_GUARD_PDB}")).json()
+        status = obj.get("status") or {}
+        return (
+            status.get("observedGeneration") == obj["metadata"]["generation"]
+            and status.get("currentHealthy") == healthy
+            and status.get("disruptionsAllowed") == allowed
+        )
+
+    await until(computed, what=f"the PDB to show {healthy} healthy, {allowed} allowed")
+
+
+async def admitted(kube: httpx.AsyncClient, node: str) -> str:
+    """Create a CR for the node: "" when admitted (then deleted), else the refusal."""
+    name = unique("q")
+    resp = await kube.post(NM, json=nm(name, node))
+    if resp.status_code == 201:
+        await kube.delete(f"{NM}/{name}")
+        return ""
+    assert resp.status_code == 403, resp.text
+    message: str = resp.json()["message"]
+    return message
+
+
+async def test_openshift_quorum_matrix(
+    kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    cp = {CONTROL_PLANE_ROLE_LABEL: ""}
+    a, b, c = await node_factory(3, labels=cp)
+    (unguarded,) = await node_factory(1, labels=cp)
+    (worker,) = await node_factory(1)
+    refused = {n: DENIED + Messages.WEBHOOK_QUORUM.format(node=n) for n in (a, b, c)}
+    await install_crd(kube, openshift_crd())
+    try:
+        await discovery(kube, served=True)
+        await ensure(
+            kube,
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ETCD_NAMESPACE}},
+        )
+
+        async def sa() -> bool:
+            url = f"/api/v1/namespaces/{ETCD_NAMESPACE}/serviceaccounts/default"
+            return (await kube.get(url)).status_code == 200
+
+        await until(sa, what="the default ServiceAccount in openshift-etcd")
+
+        # No PDB at all: the quorum cannot be assessed, control-plane refused.
+        assert await admitted(kube, a) == refused[a]
+        assert await admitted(kube, worker) == ""
+
+        for node in (a, b, c):
+            await ensure(kube, PODS, guard_pod(node))
+        await ensure(kube, PDBS, pdb(ETCD_GUARD_PDB))
+        await disruptions(kube, healthy=3, allowed=1)
+        assert await admitted(kube, b) == ""  # one disruption allowed
+
+        # Guard on a goes NotReady: no disruption left, but a is already disrupted.
+        resp = await kube.patch(
+            f"{PODS}/guard-{a}/status",
+            json={"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+            headers={"Content-Type": "application/strategic-merge-patch+json"},
+        )
+        assert resp.status_code == 200, resp.text
+        await disruptions(kube, healthy=2, allowed=0)
+        assert await admitted(kube, a) == ""  # its guard is not Ready
+        assert await admitted(kube, b) == refused[b]  # guard Ready, 0 allowed
+        assert await admitted(kube, unguarded) == ""  # no guard pod on the node
+        assert await admitted(kube, worker) == ""  # not a control-plane node
+
+        # Two PDBs (the pre-4.11 name as well): refused even for a disrupted node.
+        await ensure(kube, PDBS, pdb(ETCD_GUARD_PDB_OLD))
+        assert await admitted(kube, a) == refused[a]
+        await kube.delete(f"{PDBS}/{ETCD_GUARD_PDB_OLD}")
+        assert await admitted(kube, a) == ""
+
+        # Not OpenShift any more: no quorum check at all.
+        await kube.delete(f"{PDBS}/{ETCD_GUARD_PDB}")
+        assert await admitted(kube, b) == refused[b]  # no PDB
+        await kube.delete(f"{CRDS}/{OPENSHIFT_CRD}")
+        await discovery(kube, served=False)
+        assert await admitted(kube, b) == ""
+    finally:
+        await kube.delete(f"{CRDS}/{OPENSHIFT_CRD}")
+        await kube.delete(f"/api/v1/namespaces/{ETCD_NAMESPACE}")

@@ -1,0 +1,87 @@
+"""Fakes shared by the webhook unit tests: a cluster answered from dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nmo.webhooks.validators import LookupFailed
+
+Obj = dict[str, Any]
+GUARD = {"app": "guard"}
+
+
+def node(name: str, *, role: str | None = None) -> Obj:
+    labels = {"kubernetes.io/hostname": name}
+    if role:
+        labels[role] = ""
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def nm(node_name: str, name: str = "nm") -> Obj:
+    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {"nodeName": node_name}}
+
+
+def pdb(allowed: int, *, name: str = "etcd-guard-pdb") -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": "openshift-etcd"},
+        "spec": {"selector": {"matchLabels": GUARD}, "minAvailable": 2},
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
+def guard(node_name: str, ready: str | None, *, labels: Mapping[str, str] = GUARD) -> Obj:
+    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+    return {
+        "metadata": {"name": f"etcd-guard-{node_name}", "labels": dict(labels)},
+        "spec": {"nodeName": node_name},
+        "status": {"conditions": conditions},
+    }
+
+
+@dataclass
+class FakeLookups:
+    nodes: dict[str, Obj] = field(default_factory=dict)
+    existing: set[str] = field(default_factory=set)
+    openshift: bool = False
+    pdbs: list[Obj] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+    claims: dict[str, str] = field(default_factory=dict)
+    pod_queries: int = 0
+
+    def _maybe_fail(self, what: str) -> None:
+        if what in self.failing:
+            raise LookupFailed(f"{what} exploded")
+
+    async def get_node(self, name: str) -> Obj | None:
+        self._maybe_fail("node")
+        return self.nodes.get(name)
+
+    async def claim_node(self, node_name: str, claimant: str, *, dry_run: bool = False) -> bool:
+        self._maybe_fail("claim")
+        if node_name in self.existing:
+            return False
+        if self.claims.get(node_name, claimant) != claimant:
+            return False
+        if not dry_run:
+            self.claims[node_name] = claimant
+        return True
+
+    def release_node(self, node_name: str, claimant: str) -> None:
+        if self.claims.get(node_name) == claimant:
+            del self.claims[node_name]
+
+    async def is_openshift(self) -> bool:
+        self._maybe_fail("discovery")
+        return self.openshift
+
+    async def list_etcd_pdbs(self) -> Sequence[Obj]:
+        self._maybe_fail("pdbs")
+        return self.pdbs
+
+    async def list_etcd_pods(self, selector: Mapping[str, Any] | None) -> Sequence[Obj]:
+        self._maybe_fail("pods")
+        self.pod_queries += 1
+        return self.pods
