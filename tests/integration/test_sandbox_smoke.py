@@ -92,12 +92,14 @@ def deployment(name: str, replicas: int, node_selector: dict[str, str] | None = 
     }
 
 
-async def running_pods(kube: httpx.AsyncClient, ns: str, app: str, count: int) -> list[Json]:
+async def running_pods(
+    kube: httpx.AsyncClient, ns: str, app: str, count: int, *, timeout: float = 30.0
+) -> list[Json]:
     async def probe() -> list[Json] | None:
         found = [p for p in await pods(kube, ns, f"app={app}") if is_running(p)]
         return found if len(found) == count else None
 
-    return await until(probe, what=f"{count} running pods of {app}")
+    return await until(probe, timeout=timeout, what=f"{count} running pods of {app}")
 
 
 async def evict(kube: httpx.AsyncClient, ns: str, pod: str) -> httpx.Response:
@@ -295,5 +297,6 @@ async def test_apiserver_restart_keeps_the_cluster_working(
     sandbox.check_alive()
     # Scheduler, controller-manager and kwok reconnect on their own.
     await create(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment("after", 2))
-    await running_pods(kube, namespace, "after", 2)
+    # Controllers reconnect with client-go's backoff, which grows across restarts.
+    await running_pods(kube, namespace, "after", 2, timeout=120.0)
     await sandbox.wait_nodes_ready(sandbox.node_names, timeout=30)

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -26,6 +25,8 @@ from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
 from nmo.core.metrics import Metrics
 from nmo.core.reconciler import ReconcilerSettings
+from nmo.webhooks.probes import CheckFailed
+from nmo.webhooks.servers import ServerSettings, serve
 
 log = logging.getLogger("nmo.cli")
 
@@ -167,8 +168,10 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tasks = [asyncio.create_task(engine.run(), name="engine")]
-    tasks += await _servers(args, kube, engine, metrics)
+    # The servers register their cache handlers before the informers start.
+    tasks = [asyncio.create_task(_servers(args, kube, engine, metrics), name="servers")]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(engine.run(), name="engine"))
     stopper = asyncio.create_task(stop.wait(), name="signal")
     done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
     code = 0
@@ -185,11 +188,35 @@ async def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _servers(
-    args: argparse.Namespace, kube: Kube, engine: Engine, metrics: Metrics
-) -> list[asyncio.Task[Any]]:
+async def _servers(args: argparse.Namespace, kube: Kube, engine: Engine, metrics: Metrics) -> None:
     """The FastAPI side (webhook, probes, metrics) in this event loop."""
-    return []
+    settings = ServerSettings(
+        bind_address=args.bind_address,
+        webhook_port=args.webhook_port if args.enable_webhook else None,
+        probes_port=args.health_probe_port,
+        metrics_port=args.metrics_port,
+        cert_dir=Path(args.cert_dir),
+        metrics_secure=args.metrics_secure,
+        require_webhook_for_ready=args.require_webhook_for_readiness,
+    )
+
+    def caches() -> None:
+        if not engine.synced():
+            raise CheckFailed("maintenance, node and pod caches have not synced yet")
+
+    def leadership() -> None:
+        if engine.elector is None or engine.elector.is_leader == engine.leading:
+            return
+        raise CheckFailed("leader election state and reconcile workers disagree")
+
+    await serve(
+        settings,
+        kube=kube,
+        nodes=engine.nodes,
+        maintenances=engine.maintenances,
+        metrics=metrics,
+        readiness={"informers": caches, "leader-election": leadership},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""``nmo demo``: placeholder replaced below."""
