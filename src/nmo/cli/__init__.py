@@ -235,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return sandbox.main(args)
     if args.command == "demo":
-        from nmo.cli import demo
+        from nmo.cli.demo import main as demo_main
 
         logsetup.setup("warning", "text")
-        return asyncio.run(demo.main(Path(args.dir) if args.dir else None, keep=args.keep))
+        return asyncio.run(demo_main(Path(args.dir) if args.dir else None, keep=args.keep))
     return 2
 
 

@@ -235,6 +235,37 @@ class Kube:
     async def delete(self, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await self.request("DELETE", path, body=body)
 
+    async def request_text(
+        self, path: str, *, params: Params | None = None, timeout: float | None = None
+    ) -> str:
+        """GET a plain-text endpoint (pod logs) with the same errors and retries."""
+        base, url = _split(path)
+        kwargs: dict[str, Any] = {"headers": {"User-Agent": USER_AGENT, "Accept": "*/*"}}
+        if params:
+            kwargs["params"] = {k: _param(v) for k, v in params.items()}
+        if timeout is not None:
+            kwargs["timeout"] = httpx.Timeout(timeout, connect=10.0)
+        attempt = 0
+        while True:
+            try:
+                async with self._slots:
+                    self.requests_total += 1
+                    try:
+                        async with self._api.call_api(
+                            "GET", version="", base=base, url=url, raise_for_status=False, **kwargs
+                        ) as response:
+                            if response.status_code >= 400:
+                                _decode(response)
+                            return str(response.text)
+                    except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+                        raise Transient(f"GET {path}: {type(exc).__name__}: {exc}") from exc
+            except KubeError as exc:
+                retryable = isinstance(exc, Transient) or exc.status_code == 429
+                if not retryable or attempt + 1 >= self.retry.attempts:
+                    raise
+                attempt += 1
+                await asyncio.sleep(self.retry.delay(attempt - 1, exc.retry_after))
+
     async def stream(
         self, path: str, *, params: Params, read_timeout: float
     ) -> AsyncIterator[dict[str, Any]]:
