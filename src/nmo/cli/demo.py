@@ -277,9 +277,8 @@ class Demo:
             raise DemoFailed(f"maintenance did not succeed: {st}")
         if fewest_db < 2:
             raise DemoFailed(f"the db PDB was violated: only {fewest_db} of 3 pods available")
-        ok(
-            f"drained in {time.monotonic() - started:.1f}s; db never had fewer than {fewest_db} of 3 pods ready"
-        )
+        took = time.monotonic() - started
+        ok(f"drained in {took:.1f}s; db never had fewer than {fewest_db} of 3 pods ready")
         await self.kubectl("get", "nm")
         node = await expect(await self.http.get(f"/api/v1/nodes/{NODE}"), 200)
         keys = {t["key"] for t in node["spec"].get("taints") or []}
