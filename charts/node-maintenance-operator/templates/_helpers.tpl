@@ -1,0 +1,89 @@
+{{/*
+Names follow the Go medik8s operator's install (namespace
+node-maintenance-operator-system, ServiceAccount
+node-maintenance-operator-controller-manager, pods labelled
+control-plane=controller-manager), not the release name, so the
+troubleshooting guide's commands work whatever the release is called.
+*/}}
+{{- define "nmo.fullname" -}}
+{{- default "node-maintenance-operator" .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nmo.serviceAccountName" -}}
+{{- printf "%s-controller-manager" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.webhookServiceName" -}}
+{{- printf "%s-webhook-service" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.certificateName" -}}
+{{- printf "%s-serving-cert" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.certSecretName" -}}
+{{- printf "%s-webhook-server-cert" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: node-maintenance-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: node-maintenance-operator
+{{- end -}}
+
+{{- define "nmo.selectorLabels" -}}
+control-plane: controller-manager
+app.kubernetes.io/name: node-maintenance-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "nmo.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Out-of-cluster webhook: the API server calls webhook.url. */}}
+{{- define "nmo.webhookExternal" -}}
+{{- if .Values.webhook.url }}true{{ end -}}
+{{- end -}}
+
+{{/* Whether to grant the OpenShift etcd quorum guard lookups. */}}
+{{- define "nmo.openshift" -}}
+{{- $mode := toString .Values.openshift.etcdQuorumGuard -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "config.openshift.io/v1")) }}true{{ end -}}
+{{- end -}}
+
+{{- define "nmo.defaultAffinity" -}}
+nodeAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      preference:
+        matchExpressions:
+          - key: node-role.kubernetes.io/control-plane
+            operator: Exists
+    - weight: 100
+      preference:
+        matchExpressions:
+          - key: node-role.kubernetes.io/master
+            operator: Exists
+    - weight: 50
+      preference:
+        matchExpressions:
+          - key: node-role.kubernetes.io/infra
+            operator: Exists
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "nmo.selectorLabels" . | nindent 12 }}
+{{- end -}}

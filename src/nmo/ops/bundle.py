@@ -1,0 +1,206 @@
+"""What goes into a must-gather bundle, as pure functions.
+
+A bundle is handed to people outside the cluster, so it must never carry a
+credential: :func:`redact` scrubs collected objects (values of keys that name
+a token, password or secret, env values whose name does, bearer tokens and
+JWTs anywhere in a string) and :func:`redact_text` does the same for logs.
+Secrets themselves are never read. The other helpers decide which objects
+are relevant (PDBs covering pods on maintained nodes, the webhook
+configurations of ``vnodemaintenance.kb.io``, maintenance events) and how the
+summary reads, so :mod:`nmo.ops.gather` only fetches and writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nmo.api import constants as c
+
+Obj = dict[str, Any]
+
+REDACTED = "<redacted>"
+MAINTENANCE_REASONS = tuple(
+    e[0]
+    for e in (
+        c.EVENT_BEGIN,
+        c.EVENT_SUCCEEDED,
+        c.EVENT_UNCORDON,
+        c.EVENT_REMOVED,
+        c.EVENT_FAILED,
+    )
+)
+
+_SENSITIVE_KEY = re.compile(
+    r"token|passw(or)?d|secret|credential|api[-_]?key|private[-_]?key|auth(orization)?$",
+    re.IGNORECASE,
+)
+# Names of things, not the things: secretName, tokenSecretRef name, ...
+_NAME_KEY = re.compile(r"(name|ref|path|expirationseconds|audience)s?$", re.IGNORECASE)
+_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
+_KEYVAL = re.compile(
+    r"(?i)\b((?:[a-z_]*token|password|passwd|secret|api[-_]?key)[a-z_]*\"?\s*[=:]\s*)"
+    r"(\"?)[^\s\"',}]{4,}"
+)
+
+
+def redact_text(text: str) -> str:
+    """Scrub JWTs, bearer tokens and ``token=...``-like pairs from free text."""
+    text = _JWT.sub(REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    return _KEYVAL.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+
+
+def _sensitive(key: str) -> bool:
+    return bool(_SENSITIVE_KEY.search(key)) and not _NAME_KEY.search(key)
+
+
+def redact(value: Any, *, _key: str = "") -> Any:
+    """A copy of a collected object with credentials replaced by ``<redacted>``.
+
+    ``metadata.managedFields`` is dropped too: it is bulky and says nothing a
+    reader of the bundle needs.
+    """
+    if isinstance(value, Mapping):
+        out: Obj = {}
+        env_like = isinstance(value.get("name"), str) and "value" in value
+        for k, v in value.items():
+            if k == "managedFields":
+                continue
+            if isinstance(v, str) and _sensitive(str(k)):
+                out[k] = REDACTED if v else v
+            elif k == "value" and env_like and _sensitive(str(value["name"])) and v:
+                out[k] = REDACTED
+            else:
+                out[k] = redact(v, _key=str(k))
+        return out
+    if isinstance(value, list):
+        return [redact(v, _key=_key) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration (``90s``, ``10m``, ``1h30m``) or plain seconds."""
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 10m, 2h, 1h30m)")
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a LabelSelector matches labels (a PDB's empty selector matches all pods)."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op = expr.get("key", ""), expr.get("operator", "")
+        values = expr.get("values") or []
+        if (
+            (op == "In" and labels.get(key) not in values)
+            or (op == "NotIn" and key in labels and labels[key] in values)
+            or (op == "Exists" and key not in labels)
+            or (op == "DoesNotExist" and key in labels)
+        ):
+            return False
+    return True
+
+
+def pdbs_covering(pdbs: list[Obj], pods: list[Obj]) -> list[tuple[Obj, list[str]]]:
+    """PDBs that select at least one of ``pods`` (same namespace), with the pods."""
+    out: list[tuple[Obj, list[str]]] = []
+    for pdb in pdbs:
+        ns = (pdb.get("metadata") or {}).get("namespace")
+        selector = (pdb.get("spec") or {}).get("selector")
+        covered = [
+            f"{ns}/{p['metadata']['name']}"
+            for p in pods
+            if p["metadata"].get("namespace") == ns
+            and selector_matches(selector, p["metadata"].get("labels") or {})
+        ]
+        if covered:
+            out.append((pdb, covered))
+    return out
+
+
+def our_webhook_configs(configs: list[Obj]) -> list[Obj]:
+    """ValidatingWebhookConfigurations that contain ``vnodemaintenance.kb.io``."""
+    return [
+        cfg
+        for cfg in configs
+        if any(w.get("name") == c.WEBHOOK_NAME for w in cfg.get("webhooks") or [])
+    ]
+
+
+def maintenance_event(event: Obj, nodes: set[str]) -> bool:
+    """An event with a maintenance reason, on a NodeMaintenance, or on a maintained node."""
+    obj = event.get("involvedObject") or {}
+    return (
+        event.get("reason") in MAINTENANCE_REASONS
+        or obj.get("kind") == c.KIND
+        or (obj.get("kind") == "Node" and obj.get("name") in nodes)
+    )
+
+
+@dataclass
+class Item:
+    """One thing the bundle tried to collect, and how that went."""
+
+    name: str
+    file: str = ""
+    status: str = "ok"  # ok | forbidden | not-found | not-served | error
+    count: int | None = None
+    detail: str = ""
+
+    @property
+    def problem(self) -> bool:
+        return self.status in ("forbidden", "error")
+
+    def to_json(self) -> Obj:
+        return {
+            "name": self.name,
+            "file": self.file or None,
+            "status": self.status,
+            "count": self.count,
+            "detail": self.detail or None,
+        }
+
+
+def summary_text(meta: Mapping[str, Any], items: list[Item]) -> str:
+    """SUMMARY.txt: what was collected, what was not and why."""
+    lines = [
+        f"nmo gather {meta.get('version', '')}",
+        f"API server:          {meta.get('server', '')}",
+        f"Started:             {meta.get('startedAt', '')}",
+        f"Finished:            {meta.get('finishedAt', '')}",
+        f"Operator namespace:  {meta.get('operatorNamespace', '')}",
+        f"Lease namespace:     {meta.get('leaseNamespace', '')}",
+        f"Logs since:          {meta.get('since') or 'all'}",
+        "Secrets are never collected; token-like values are replaced by <redacted>.",
+        "",
+    ]
+    problems = [i for i in items if i.problem]
+    lines.append(
+        f"{len(items) - len(problems)} of {len(items)} items collected"
+        + (f", {len(problems)} problem(s):" if problems else ".")
+    )
+    for item in problems:
+        lines.append(f"  ! {item.name}: {item.status}: {item.detail}")
+    lines.append("")
+    width = max((len(i.name) for i in items), default=0)
+    for item in items:
+        count = f" ({item.count})" if item.count is not None else ""
+        where = f" -> {item.file}" if item.file else ""
+        note = f"  {item.detail}" if item.detail and not item.problem else ""
+        lines.append(f"  {item.name:<{width}}  {item.status}{count}{where}{note}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,346 @@
+"""Emergency cleanup of a node left in maintenance (guide section 6, B11).
+
+The guide's manual steps (uncordon, remove two taints, remove a label, strip
+the finalizer) are easy to get wrong: it names the wrong label key, it
+uncordons a node an admin had cordoned on purpose, and it says nothing about
+the node lease that keeps remediation operators away. This module computes
+the cleanup as a :class:`Plan` from the observed node, NodeMaintenances and
+lease (:func:`plan_cleanup`, pure), and applies it with optimistic
+concurrency (:func:`execute`). It guarantees:
+
+* only nmo's marks are removed: the two maintenance taints with effect
+  NoSchedule, both exclude-from-remediation label keys, the node lease when
+  its holder is ``node-maintenance``, and the ``foregroundDeleteNodeMaintenance``
+  finalizer; every other taint, label, lease and finalizer is kept and
+  reported;
+* a recorded prior state (B7) wins: a node cordoned before the maintenance
+  stays cordoned, a taint or label that existed before stays;
+* a cordon with no sign of maintenance is an admin's, and is left alone;
+* a second run finds nothing to do.
+
+Cleanup bypasses the operator. While an nmo leader is alive it would redo or
+undo the changes, so :func:`leader_alive` lets the CLI refuse.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from nmo.api import constants as c
+from nmo.core.errors import NotFound
+from nmo.core.kube import Kube, api_path
+from nmo.core.lease import parse_time
+from nmo.core.nodeplan import PriorState
+
+Obj = dict[str, Any]
+
+LABEL_KEYS = (c.EXCLUDE_FROM_REMEDIATION_LABEL, c.GUIDE_EXCLUDE_LABEL)
+
+
+class StepKind(enum.StrEnum):
+    UNCORDON = "uncordon"
+    REMOVE_TAINT = "remove-taint"
+    REMOVE_LABEL = "remove-label"
+    RELEASE_LEASE = "release-lease"
+    REMOVE_FINALIZER = "remove-finalizer"
+    DELETE_MAINTENANCE = "delete-nodemaintenance"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One change the cleanup makes, as shown before and after applying it."""
+
+    kind: StepKind
+    target: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.target}: {self.what}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the cleanup would change, and what it leaves alone and why."""
+
+    node_name: str
+    node_found: bool
+    steps: tuple[Step, ...] = ()
+    kept: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    node_patch: list[Obj] | None = None
+    lease: Obj | None = None  # our lease, deleted with uid/resourceVersion preconditions
+    finalizer_patches: tuple[tuple[str, list[Obj]], ...] = ()
+    deletions: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+
+def leader_alive(lease: Obj | None, now: datetime) -> str | None:
+    """The holder of a live leader-election lease, or None."""
+    if not lease:
+        return None
+    spec = lease.get("spec") or {}
+    holder = str(spec.get("holderIdentity") or "")
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    if not holder or renewed is None:
+        return None
+    duration = timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+    return holder if renewed + duration > now else None
+
+
+def prior_from(maintenances: list[Obj]) -> tuple[PriorState | None, str]:
+    """The prior state recorded by the oldest CR that has one, and that CR's name."""
+    ordered = sorted(
+        maintenances, key=lambda m: str((m.get("metadata") or {}).get("creationTimestamp") or "")
+    )
+    for nm in ordered:
+        meta = nm.get("metadata") or {}
+        prior = PriorState.from_annotation(
+            (meta.get("annotations") or {}).get(c.PRIOR_STATE_ANNOTATION)
+        )
+        if prior is not None:
+            return prior, str(meta.get("name", ""))
+    return None, ""
+
+
+def _taint_text(taint: Obj) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}"
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass
+class _Draft:
+    steps: list[Step] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _node_changes(
+    node: Obj, maintenances: list[Obj], our_lease: bool, draft: _Draft
+) -> list[Obj] | None:
+    name = str(node["metadata"]["name"])
+    target = f"node/{name}"
+    spec = node.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    taints: list[Obj] = list(spec.get("taints") or [])
+    prior, prior_cr = prior_from(maintenances)
+    recorded = f"recorded on nodemaintenance/{prior_cr}"
+    ours = [t for t in taints if t.get("key") in c.MAINTENANCE_TAINT_KEYS]
+    ours = [t for t in ours if t.get("effect") == c.TAINT_EFFECT]
+    evidence = (
+        any(t.get("key") == c.DRAIN_TAINT_KEY for t in ours)
+        or any(k in labels for k in LABEL_KEYS)
+        or bool(maintenances)
+        or our_lease
+    )
+    cordoned = bool(spec.get("unschedulable"))
+    uncordon = False
+    if cordoned and prior is not None and prior.unschedulable:
+        draft.kept.append(
+            f"{target}: stays cordoned, it was cordoned before the maintenance ({recorded})"
+        )
+    elif cordoned and not evidence:
+        draft.kept.append(
+            f"{target}: cordoned, but shows no sign of a maintenance; left alone "
+            f"(kubectl uncordon {name} if you mean it)"
+        )
+    elif cordoned:
+        uncordon = True
+        draft.steps.append(Step(StepKind.UNCORDON, target, "uncordon (spec.unschedulable=false)"))
+    keep: list[Obj] = []
+    for taint in taints:
+        text = _taint_text(taint)
+        if taint not in ours:
+            keep.append(taint)
+            draft.kept.append(f"{target}: taint {text} is not nmo's")
+        elif prior is not None and taint.get("key") in prior.taints:
+            keep.append(taint)
+            draft.kept.append(f"{target}: taint {text} existed before the maintenance ({recorded})")
+        elif taint.get("key") == c.UNSCHEDULABLE_TAINT_KEY and cordoned and not uncordon:
+            keep.append(taint)
+            draft.kept.append(f"{target}: taint {text} stays with the cordon")
+        else:
+            draft.steps.append(Step(StepKind.REMOVE_TAINT, target, f"remove taint {text}"))
+    ops: list[Obj] = []
+    if len(keep) != len(taints):
+        ops.append({"op": "replace", "path": "/spec/taints", "value": keep})
+    if uncordon:
+        ops.append({"op": "replace", "path": "/spec/unschedulable", "value": False})
+    for key in LABEL_KEYS:
+        if key not in labels:
+            continue
+        if key == c.EXCLUDE_FROM_REMEDIATION_LABEL and prior is not None and prior.label:
+            draft.kept.append(f"{target}: label {key} existed before the maintenance ({recorded})")
+            continue
+        draft.steps.append(Step(StepKind.REMOVE_LABEL, target, f"remove label {key}"))
+        ops.append({"op": "remove", "path": f"/metadata/labels/{_escape(key)}"})
+    if not ops:
+        return None
+    rv = node["metadata"].get("resourceVersion", "")
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
+
+
+def plan_cleanup(
+    node_name: str,
+    *,
+    node: Obj | None,
+    maintenances: list[Obj],
+    lease: Obj | None,
+    lease_namespace: str,
+    delete_maintenances: bool = False,
+) -> Plan:
+    """What cleaning ``node_name`` changes (pure). ``maintenances`` are its CRs."""
+    draft = _Draft()
+    lease_holder = str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+    our_lease = lease is not None and lease_holder == c.LEASE_HOLDER
+    node_patch = None
+    if node is not None:
+        node_patch = _node_changes(node, maintenances, our_lease, draft)
+    lease_ref = f"lease/{lease_namespace}/{c.lease_name(node_name)}"
+    if our_lease:
+        draft.steps.append(
+            Step(StepKind.RELEASE_LEASE, lease_ref, f"release (holder {c.LEASE_HOLDER})")
+        )
+    elif lease is not None:
+        who = f"held by {lease_holder}" if lease_holder else "has no holder"
+        draft.kept.append(f"{lease_ref}: {who}, not nmo's; left alone")
+    patches: list[tuple[str, list[Obj]]] = []
+    deletions: list[str] = []
+    for nm in maintenances:
+        meta = nm.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        target = f"nodemaintenance/{name}"
+        finalizers = list(meta.get("finalizers") or [])
+        if c.FINALIZER in finalizers:
+            others = [f for f in finalizers if f != c.FINALIZER]
+            draft.steps.append(
+                Step(StepKind.REMOVE_FINALIZER, target, f"remove finalizer {c.FINALIZER}")
+            )
+            patches.append(
+                (
+                    name,
+                    [
+                        {
+                            "op": "test",
+                            "path": "/metadata/resourceVersion",
+                            "value": meta.get("resourceVersion", ""),
+                        },
+                        {"op": "replace", "path": "/metadata/finalizers", "value": others},
+                    ],
+                )
+            )
+            if others:
+                draft.kept.append(f"{target}: finalizers {', '.join(others)} are not nmo's")
+        if meta.get("deletionTimestamp"):
+            continue
+        if delete_maintenances:
+            draft.steps.append(Step(StepKind.DELETE_MAINTENANCE, target, "delete"))
+            deletions.append(name)
+        else:
+            draft.notes.append(
+                f"{target} still exists: when the operator runs again it puts {node_name} "
+                f"back into maintenance; delete it (kubectl delete nm {name}) "
+                "or re-run with --delete-maintenance"
+            )
+    return Plan(
+        node_name=node_name,
+        node_found=node is not None,
+        steps=tuple(draft.steps),
+        kept=tuple(draft.kept),
+        notes=tuple(draft.notes),
+        node_patch=node_patch,
+        lease=lease if our_lease else None,
+        finalizer_patches=tuple(patches),
+        deletions=tuple(deletions),
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the cleanup reads before deciding."""
+
+    node: Obj | None
+    maintenances: list[Obj]
+    lease: Obj | None
+    leader: Obj | None
+    crd_installed: bool = True
+
+
+NM_PATH = api_path(c.API_VERSION, c.PLURAL)
+
+
+def lease_path(namespace: str, name: str | None = None) -> str:
+    return api_path("coordination.k8s.io/v1", "leases", namespace=namespace, name=name)
+
+
+async def _get_or_none(kube: Kube, path: str) -> Obj | None:
+    try:
+        return await kube.get(path)
+    except NotFound:
+        return None
+
+
+async def observe(
+    kube: Kube, node_name: str, *, lease_namespace: str, operator_namespace: str
+) -> Observed:
+    """Read the node, its NodeMaintenances, its lease and the leader lease."""
+    node = await _get_or_none(kube, api_path("v1", "nodes", name=node_name))
+    crd_installed = True
+    try:
+        items = (await kube.list_all(NM_PATH)).get("items") or []
+    except NotFound:
+        items, crd_installed = [], False
+    mine = [m for m in items if (m.get("spec") or {}).get("nodeName") == node_name]
+    lease = await _get_or_none(kube, lease_path(lease_namespace, c.lease_name(node_name)))
+    leader = await _get_or_none(kube, lease_path(operator_namespace, c.LEADER_ELECTION_ID))
+    return Observed(node, mine, lease, leader, crd_installed)
+
+
+async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
+    """Apply a plan; returns what was done. A concurrent change raises Conflict."""
+    done: list[str] = []
+    if plan.node_patch is not None:
+        await kube.json_patch(api_path("v1", "nodes", name=plan.node_name), plan.node_patch)
+        done += [str(s) for s in plan.steps if s.target == f"node/{plan.node_name}"]
+    if plan.lease is not None:
+        meta = plan.lease["metadata"]
+        try:
+            await kube.delete(
+                lease_path(lease_namespace, meta["name"]),
+                body={
+                    "preconditions": {
+                        "uid": meta["uid"],
+                        "resourceVersion": meta["resourceVersion"],
+                    }
+                },
+            )
+        except NotFound:
+            pass
+        done += [str(s) for s in plan.steps if s.kind is StepKind.RELEASE_LEASE]
+    for name, patch in plan.finalizer_patches:
+        try:
+            await kube.json_patch(f"{NM_PATH}/{name}", patch)
+        except NotFound:
+            continue
+        done.append(f"nodemaintenance/{name}: removed finalizer {c.FINALIZER}")
+    for name in plan.deletions:
+        try:
+            await kube.delete(f"{NM_PATH}/{name}")
+        except NotFound:
+            continue
+        done.append(f"nodemaintenance/{name}: deleted")
+    return done
+
+
+def same_or_smaller(new: Plan, confirmed: Plan) -> bool:
+    """Whether a re-computed plan only does what the user already confirmed."""
+    return set(new.steps) <= set(confirmed.steps)
