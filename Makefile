@@ -23,9 +23,13 @@ venv: $(STAMP)
 sandbox-bin:
 	$(SANDBOX_BIN)
 
-lint: $(STAMP)
+lint: $(STAMP) lint-containerfile
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+
+.PHONY: lint-containerfile
+lint-containerfile: $(STAMP)
+	$(BIN)/hadolint Containerfile
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

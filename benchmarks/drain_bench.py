@@ -54,8 +54,9 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def count_requests(audit: Path, offset: int, agent_prefix: str) -> tuple[int, dict[str, int]]:
+def count_requests(audit: Path, offset: int, agent_prefix: str) -> tuple[int, dict[str, Any]]:
     total, verbs = 0, {}
+    first = last_evict = ""
     with audit.open() as f:
         f.seek(offset)
         for line in f:
@@ -70,7 +71,19 @@ def count_requests(audit: Path, offset: int, agent_prefix: str) -> tuple[int, di
                 if sub:
                     key += f"/{sub}"
                 verbs[key] = verbs.get(key, 0) + 1
+                stamp = str(ev.get("requestReceivedTimestamp", ""))
+                first = first or stamp
+                if sub == "eviction":
+                    last_evict = max(last_evict, stamp)
+    if first and last_evict:
+        verbs["last_eviction_after_s"] = round(_ts(last_evict) - _ts(first), 2)
     return total, verbs
+
+
+def _ts(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 async def until(check: Any, timeout: float, what: str, interval: float = 0.1) -> Any:

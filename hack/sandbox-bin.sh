@@ -28,6 +28,7 @@ all_present() {
   local b
   for b in "${BINARIES[@]}"; do [ -x "$BIN_DIR/$b" ] || return 1; done
   [ -d "$BIN_DIR/../kwok-stage" ] || return 1
+  [ -f "$BIN_DIR/.helm-k8s-$K8S_VERSION" ] || return 1
   return 0
 }
 
@@ -138,11 +139,16 @@ kwok_build() {
 
 helm_build() {
   local GOBIN="$WORK_DIR/gobin-helm"
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  ld="$ld -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  # Without these helm assumes Kubernetes v1.20 for `helm template` and lint.
+  ld="$ld -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
+  ld="$ld -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
   mkdir -p "$GOBIN"
-  GOBIN="$GOBIN" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
-    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  GOBIN="$GOBIN" go install -trimpath -ldflags "$ld" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   mv "$GOBIN/helm" "$BIN_DIR/helm"
+  touch "$BIN_DIR/.helm-k8s-$K8S_VERSION"
 }
 
 total0=$SECONDS
@@ -153,7 +159,7 @@ if ! { [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manage
 fi
 [ -x "$BIN_DIR/etcd" ] || step "etcd ($ETCD_VERSION)" etcd_build
 { [ -x "$BIN_DIR/kwok" ] && [ -d "$BIN_DIR/../kwok-stage" ]; } || step "kwok ($KWOK_VERSION)" kwok_build
-[ -x "$BIN_DIR/helm" ] || step "helm ($HELM_VERSION)" helm_build
+{ [ -x "$BIN_DIR/helm" ] && [ -f "$BIN_DIR/.helm-k8s-$K8S_VERSION" ]; } || step "helm ($HELM_VERSION)" helm_build
 all_present || die "some binaries are still missing in $BIN_DIR"
 log "all binaries ready in $((SECONDS - total0))s: $BIN_DIR"
 echo "$BIN_DIR"

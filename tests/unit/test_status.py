@@ -73,7 +73,7 @@ def test_draining_explains_the_blocked_pod() -> None:
             disruption_budget="web-pdb",
         ),
     ]
-    new = status.draining(st, pending=pending, error=None, now=NOW)
+    new = status.draining(st, pending=[("a", "p1")], details=pending, error=None, now=NOW)
     assert new.drain_progress == 75
     assert new.pending_pods_refs == [PodReference(namespace="a", name="p1")]
     assert (

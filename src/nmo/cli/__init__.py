@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("crd", help="print the NodeMaintenance CRD as YAML")
     sub.add_parser("version", help="print the version")
+    from nmo.cli import ops as ops_cli
+
+    ops_cli.add_parsers(sub)
     return parser
 
 
@@ -234,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         from nmo.cli import sandbox
 
         return sandbox.main(args)
+    if args.command in ("gather", "cleanup", "status"):
+        from nmo.cli import ops as ops_cli
+
+        return ops_cli.main(args)
     if args.command == "demo":
         from nmo.cli.demo import main as demo_main
 

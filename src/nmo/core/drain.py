@@ -59,9 +59,22 @@ class PodDrainState:
     evicted: bool = False
 
 
+MAX_DETAILS = 100  # pendingPodsDetails is capped; pendingPods always lists every pod
+_DETAIL_ORDER = {
+    REASON_PDB: 0,
+    REASON_MULTI_PDB: 0,
+    REASON_NS_TERMINATING: 0,
+    REASON_ERROR: 0,
+    REASON_TERMINATING: 1,
+    REASON_EVICTING: 2,
+    REASON_WAITING: 2,
+}
+
+
 @dataclass
 class DrainReport:
-    pending: list[PendingPodDetail]
+    pending: list[tuple[str, str]]  # (namespace, name) of every pod still on the node
+    details: list[PendingPodDetail]  # why, blocked pods first, at most MAX_DETAILS
     next_wake: float | None  # seconds until a blocked pod is retried
     last_error: str | None
 
@@ -116,7 +129,8 @@ class Drainer:
             pod = present.get(key)
             if pod is None or pod["metadata"].get("uid") != states[key].uid:
                 del states[key]  # gone: NotFound or replaced (UID changed)
-        details: list[PendingPodDetail] = []
+        pending: list[tuple[str, str]] = []
+        why: list[tuple[Pod, PodDrainState]] = []
         wake: float | None = None
         errors: list[str] = []
         for key, pod in present.items():
@@ -137,18 +151,27 @@ class Drainer:
                 wake = remaining if wake is None else min(wake, remaining)
             if state.reason in (REASON_MULTI_PDB, REASON_ERROR, REASON_NS_TERMINATING):
                 errors.append(state.message)
-            details.append(
-                PendingPodDetail(
-                    namespace=str(pod["metadata"].get("namespace", "")),
-                    name=str(pod["metadata"]["name"]),
-                    reason=state.reason,
-                    message=state.message,
-                    disruption_budget=state.pdb,
-                    since=state.since,
-                )
+            pending.append(
+                (str(pod["metadata"].get("namespace", "")), str(pod["metadata"]["name"]))
             )
+            why.append((pod, state))
+        why.sort(key=lambda item: _DETAIL_ORDER.get(item[1].reason, 3))
+        details = [
+            PendingPodDetail(
+                namespace=str(pod["metadata"].get("namespace", "")),
+                name=str(pod["metadata"]["name"]),
+                reason=state.reason,
+                message=state.message,
+                disruption_budget=state.pdb,
+                since=state.since,
+            )
+            for pod, state in why[:MAX_DETAILS]
+        ]
         return DrainReport(
-            pending=details, next_wake=wake, last_error=errors[0] if errors else None
+            pending=pending,
+            details=details,
+            next_wake=wake,
+            last_error=errors[0] if errors else None,
         )
 
     def forget(self, node: str) -> None:

@@ -51,6 +51,7 @@ class EngineSettings:
     leader_lease_duration: float = 15.0
     leader_renew_deadline: float = 10.0
     leader_retry_period: float = 2.0
+    pod_event_debounce: float = 0.5
     identity: str = field(default_factory=default_identity)
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
 
@@ -148,9 +149,13 @@ class Engine:
             self.queue.add(name)
 
     def _on_pod(self, _event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+        # Pod churn during a drain is coalesced: one pass per debounce window
+        # sees all the deletions of that window (a 1,000-pod drain would
+        # otherwise run a full pass per pod event).
         node = _pod_node(obj)
-        if node:
-            self._enqueue_node(node)
+        if node and self.leading:
+            for name in self._by_node.get(node, ()):
+                self.queue.add_after(name, self.settings.pod_event_debounce)
 
     async def run(self) -> None:
         """Run until cancelled; an informer or worker crash ends the process."""

@@ -339,7 +339,9 @@ class Reconciler:
                 await self.recorder.emit(raw, c.EVENT_SUCCEEDED)
             self.drainer.forget(node_name)
             return DONE
-        new = status.draining(st, pending=report.pending, error=report.last_error, now=now)
+        new = status.draining(
+            st, pending=report.pending, details=report.details, error=report.last_error, now=now
+        )
         wait = self.settings.resync if report.next_wake is None else report.next_wake
         if status.differs(st, new):
             since = time.monotonic() - self._last_status_write.get(nm.metadata.name, 0.0)

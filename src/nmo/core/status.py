@@ -98,14 +98,15 @@ def lease_ok(status: NodeMaintenanceStatus) -> NodeMaintenanceStatus:
 def draining(
     status: NodeMaintenanceStatus,
     *,
-    pending: list[PendingPodDetail],
+    pending: list[tuple[str, str]],
+    details: list[PendingPodDetail],
     error: str | None,
     now: datetime,
 ) -> NodeMaintenanceStatus:
     """Pods remain: Running, lists of what remains, progress and why (A2.8, B9)."""
     eviction_pods = status.eviction_pods or 0
     if error is None:
-        blocked = [p for p in pending if p.reason not in ("Evicting", "Waiting")]
+        blocked = [p for p in details if p.reason not in ("Evicting", "Waiting")]
         if blocked:
             first = blocked[0]
             error = (
@@ -117,11 +118,9 @@ def draining(
     return status.model_copy(
         update={
             "phase": Phase.RUNNING,
-            "pending_pods": [p.name for p in pending],
-            "pending_pods_refs": [
-                PodReference(namespace=p.namespace, name=p.name) for p in pending
-            ],
-            "pending_pods_details": pending,
+            "pending_pods": [name for _, name in pending],
+            "pending_pods_refs": [PodReference(namespace=ns, name=name) for ns, name in pending],
+            "pending_pods_details": details,
             "drain_progress": progress(eviction_pods, len(pending)),
             "last_error": error,
             "last_update": now,

@@ -12,6 +12,7 @@ summary reads, so :mod:`nmo.ops.gather` only fetches and writes.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -80,8 +81,20 @@ def redact(value: Any, *, _key: str = "") -> Any:
     if isinstance(value, list):
         return [redact(v, _key=_key) for v in value]
     if isinstance(value, str):
-        return redact_text(value)
+        return _redact_string(value)
     return value
+
+
+def _redact_string(text: str) -> str:
+    """JSON embedded in a string (last-applied-configuration) is redacted as an object."""
+    if text[:1] in "{[":
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict | list):
+            return json.dumps(redact(parsed), separators=(",", ":"))
+    return redact_text(text)
 
 
 def parse_duration(text: str) -> float:
@@ -178,6 +191,7 @@ class Item:
 
 def summary_text(meta: Mapping[str, Any], items: list[Item]) -> str:
     """SUMMARY.txt: what was collected, what was not and why."""
+    since = meta.get("since")
     lines = [
         f"nmo gather {meta.get('version', '')}",
         f"API server:          {meta.get('server', '')}",
@@ -185,7 +199,7 @@ def summary_text(meta: Mapping[str, Any], items: list[Item]) -> str:
         f"Finished:            {meta.get('finishedAt', '')}",
         f"Operator namespace:  {meta.get('operatorNamespace', '')}",
         f"Lease namespace:     {meta.get('leaseNamespace', '')}",
-        f"Logs since:          {meta.get('since') or 'all'}",
+        f"Logs since:          {f'{since:g}s' if since else 'all'}",
         "Secrets are never collected; token-like values are replaced by <redacted>.",
         "",
     ]

@@ -98,7 +98,7 @@ def related_events(events: list[Obj], nm_name: str, node_name: str) -> list[Obj]
 def pending_view(status: Obj) -> list[Obj]:
     """Pending pods with why; falls back to pendingPodsRefs (CRs written by the Go NMO)."""
     details = status.get("pendingPodsDetails")
-    if details:
+    if details is not None:
         return [
             {
                 "namespace": d.get("namespace"),
@@ -179,7 +179,7 @@ def _lease_text(lease: Obj | None, now: datetime) -> Text:
 
 
 def render_one(s: Obj, now: datetime) -> RenderableType:
-    phase = s.get("phase") or "Pending"
+    phase = s.get("phase") or "(not reconciled yet)"
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()

@@ -1,0 +1,310 @@
+"""CLI glue for the operations toolkit: ``nmo gather``, ``nmo cleanup``, ``nmo status``.
+
+Parses flags, connects, asks for confirmation and prints; the decisions and
+the I/O live in :mod:`nmo.ops`. Exit codes: 0 done (or nothing to do), 1 an
+error or a refusal, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from nmo.api import constants as c
+from nmo.core.errors import Conflict, KubeError
+from nmo.core.kube import Kube, RetryPolicy
+from nmo.ops import cleanup as cl
+from nmo.ops import status as st
+from nmo.ops.bundle import Item, parse_duration
+from nmo.ops.gather import Gatherer, GatherSettings, Unreachable
+
+COMMANDS = ("gather", "cleanup", "status")
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    p.add_argument("--context", default=None)
+    p.add_argument(
+        "--lease-namespace",
+        default=os.environ.get(c.LEASE_NAMESPACE_ENV) or c.LEASE_NAMESPACE_DEFAULT,
+        help="namespace of the medik8s node leases (env LEASE_NAMESPACE)",
+    )
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    g = sub.add_parser("gather", help="collect a must-gather bundle (directory and .tar.gz)")
+    g.add_argument("--dest", default=".", help="where the bundle is written (default: .)")
+    g.add_argument("--since", default=None, help="only logs newer than this (e.g. 30m, 2h)")
+    g.add_argument("--operator-namespace", default=c.OPERATOR_NAMESPACE)
+    _connection(g)
+
+    cu = sub.add_parser(
+        "cleanup",
+        help="emergency: take a node out of maintenance without the operator",
+        description="Undo what a dead operator left on NODE (guide section 6). "
+        "This bypasses the operator; prefer deleting the NodeMaintenance while it runs.",
+    )
+    cu.add_argument("node")
+    cu.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    cu.add_argument("--force", action="store_true", help="proceed even if an nmo leader is alive")
+    cu.add_argument(
+        "--delete-maintenance",
+        action="store_true",
+        help="also delete the node's NodeMaintenance objects",
+    )
+    cu.add_argument("--operator-namespace", default=c.OPERATOR_NAMESPACE)
+    _connection(cu)
+
+    s = sub.add_parser("status", help="show maintenances: phase, progress, pending pods, lease")
+    s.add_argument("name", nargs="?", default=None)
+    s.add_argument("--node", default=None, help="the maintenance of this node")
+    s.add_argument("--watch", "-w", action="store_true", help="redraw as the status changes")
+    s.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _connection(s)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "gather":
+            return asyncio.run(gather(args))
+        if args.command == "cleanup":
+            return asyncio.run(cleanup(args))
+        if args.command == "status":
+            if args.name and args.node:
+                print("nmo status: give NAME or --node, not both", file=sys.stderr)
+                return 2
+            return asyncio.run(status(args))
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+async def _connect(args: argparse.Namespace, err: Console) -> Kube | None:
+    try:
+        return await Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
+    except Exception as exc:
+        err.print(f"[red]error:[/] cannot connect to the Kubernetes API: {exc}")
+        return None
+
+
+# -- gather --------------------------------------------------------------------
+
+_MARK = {
+    "ok": "[green]✓[/]",
+    "skipped": "[dim]-[/]",
+    "not-served": "[yellow]~[/]",
+    "not-found": "[yellow]~[/]",
+}
+
+
+async def gather(args: argparse.Namespace) -> int:
+    err = Console(stderr=True, highlight=False)
+    try:
+        since = parse_duration(args.since) if args.since else None
+    except ValueError as exc:
+        err.print(f"[red]error:[/] --since: {exc}")
+        return 2
+    kube = await _connect(args, err)
+    if kube is None:
+        return 1
+    kube.retry = RetryPolicy(attempts=3, base_delay=0.2, max_delay=2.0)
+
+    def progress(item: Item) -> None:
+        mark = _MARK.get(item.status, "[red]✗[/]")
+        count = f" ({item.count})" if item.count is not None else ""
+        where = f" -> {item.file}" if item.file and item.status == "ok" else ""
+        detail = f" [dim]{item.status}: {item.detail}[/]" if item.status != "ok" else ""
+        err.print(f"{mark} {item.name}{count}{where}{detail}", soft_wrap=True)
+
+    settings = GatherSettings(
+        dest=Path(args.dest),
+        operator_namespace=args.operator_namespace,
+        lease_namespace=args.lease_namespace,
+        since=since,
+    )
+    try:
+        err.print(f"Gathering maintenance diagnostics from {kube.server}")
+        bundle = await Gatherer(kube, settings, progress=progress).run()
+    except Unreachable as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        await kube.close()
+    problems = [i for i in bundle.items if i.problem]
+    if problems:
+        err.print(f"[yellow]{len(problems)} item(s) could not be collected; see SUMMARY.txt[/]")
+    print(bundle.directory)
+    print(bundle.archive)
+    return 0
+
+
+# -- cleanup -------------------------------------------------------------------
+
+
+def _show_plan(out: Console, plan: cl.Plan) -> None:
+    if plan.steps:
+        out.print(f"nmo cleanup will change (bypassing the operator) for {plan.node_name}:")
+        for step in plan.steps:
+            out.print(f"  - {step}", soft_wrap=True, highlight=False)
+    for line in plan.kept:
+        out.print(f"  [dim]keep:[/] {line}", soft_wrap=True, highlight=False)
+    for line in plan.notes:
+        out.print(f"  [yellow]note:[/] {line}", soft_wrap=True, highlight=False)
+
+
+def _confirm(out: Console, yes: bool) -> bool | None:
+    """True to go on, False when declined, None when there is no one to ask."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        return None
+    answer = out.input("Apply these changes? \\[y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+async def cleanup(args: argparse.Namespace) -> int:
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    kube = await _connect(args, err)
+    if kube is None:
+        return 1
+    try:
+        return await _cleanup(kube, args, out, err)
+    except KubeError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        await kube.close()
+
+
+async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Console) -> int:
+    node = args.node
+
+    async def plan_now() -> tuple[cl.Observed, cl.Plan]:
+        seen = await cl.observe(
+            kube,
+            node,
+            lease_namespace=args.lease_namespace,
+            operator_namespace=args.operator_namespace,
+        )
+        plan = cl.plan_cleanup(
+            node,
+            node=seen.node,
+            maintenances=seen.maintenances,
+            lease=seen.lease,
+            lease_namespace=args.lease_namespace,
+            delete_maintenances=args.delete_maintenance,
+        )
+        return seen, plan
+
+    seen, plan = await plan_now()
+    missing = 0 if plan.node_found else 1
+    if missing:
+        err.print(f'[red]error:[/] node "{node}" not found')
+    if plan.empty:
+        _show_plan(out, plan)
+        if not missing:
+            out.print(f"Nothing to do: {node} carries no maintenance left by nmo.")
+        return missing
+    leader = cl.leader_alive(seen.leader, datetime.now(UTC))
+    if leader and not args.force:
+        err.print(
+            f"[red]refusing:[/] the nmo leader {leader!r} is alive (lease "
+            f"{args.operator_namespace}/{c.LEADER_ELECTION_ID}); it would redo or undo these "
+            "changes. Delete the NodeMaintenance instead (kubectl delete nm <name>), "
+            "or pass --force if the operator is known to be stuck."
+        )
+        return 1
+    _show_plan(out, plan)
+    answer = _confirm(out, args.yes)
+    if answer is None:
+        err.print("[red]refusing:[/] stdin is not a terminal; re-run with --yes to apply")
+        return 1
+    if not answer:
+        out.print("Aborted; nothing changed.")
+        return 1
+    confirmed = plan
+    for attempt in range(3):
+        try:
+            done = await cl.execute(kube, plan, lease_namespace=args.lease_namespace)
+            break
+        except Conflict:
+            _, plan = await plan_now()
+            if not cl.same_or_smaller(plan, confirmed) or attempt == 2:
+                err.print("[red]error:[/] the objects changed while cleaning up; run again")
+                return 1
+    for line in done:
+        out.print(f"done: {line}", soft_wrap=True)
+    return missing
+
+
+# -- status --------------------------------------------------------------------
+
+
+async def status(args: argparse.Namespace) -> int:
+    err = Console(stderr=True, highlight=False)
+    kube = await _connect(args, err)
+    if kube is None:
+        return 1
+    try:
+        if args.watch:
+            return await _watch(kube, args, err)
+        summaries = await _summaries(kube, args)
+        now = datetime.now(UTC)
+        if args.output == "json":
+            print(json.dumps(st.document(summaries, now), indent=2))
+        else:
+            Console().print(st.render(summaries, now))
+        return 0
+    except (st.StatusError, KubeError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        await kube.close()
+
+
+async def _summaries(kube: Kube, args: argparse.Namespace) -> list[st.Obj]:
+    return await st.collect(
+        kube,
+        name=args.name,
+        node=args.node,
+        lease_namespace=args.lease_namespace,
+        now=datetime.now(UTC),
+    )
+
+
+async def _watch(kube: Kube, args: argparse.Namespace, err: Console) -> int:
+    """Poll every second; redraw (text) or print one JSON line per change (json)."""
+    as_json = args.output == "json"
+    live = None if as_json else Live(st.render([], datetime.now(UTC)), auto_refresh=False)
+    last: list[st.Obj] | None = None
+    if live is not None:
+        live.start()
+    try:
+        while True:
+            try:
+                summaries = await _summaries(kube, args)
+            except st.StatusError as exc:
+                if last is None:
+                    raise
+                err.print(f"{exc} (it was deleted)")
+                return 0
+            now = datetime.now(UTC)
+            if live is not None:
+                # Ages change every second, so redraw on every poll.
+                live.update(st.render(summaries, now), refresh=True)
+            elif summaries != last:
+                print(json.dumps(st.document(summaries, now)), flush=True)
+            last = summaries
+            await asyncio.sleep(1)
+    finally:
+        if live is not None:
+            live.stop()

@@ -1,0 +1,666 @@
+"""The Helm chart against the real sandbox (architecture.md: RBAC is exactly what nmo needs).
+
+* ``helm lint --strict`` and a server-side dry run of ``helm template`` for each
+  TLS mode (cert-manager with its real CRDs, Helm-generated, ``webhook.url``).
+* ``helm install`` in the out-of-cluster mode (no container runtime here:
+  ``deployment.enabled=false``), then ``nmo run`` as a subprocess holding a
+  token of the chart's ServiceAccount performs a whole maintenance, admitted
+  through the chart's webhook configuration, with no 403 in its log; the same
+  account is refused what nmo never does; ``helm upgrade`` and
+  ``helm uninstall`` (which keeps only the CRD).
+
+This module must be the only nmo reconciling while it runs: the session's
+``operator`` (see operator_fixtures.py) is stopped around the maintenance
+test and started again afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import yaml
+from cryptography import x509
+from objects import NM, Api, pod_spec
+from operator_fixtures import CURRENT, Operator, free_port, wait_for
+
+from nmo.api import constants as c
+from nmo.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from conftest import NodeFactory
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "node-maintenance-operator"
+CERT_MANAGER_CRDS = ROOT / "hack" / "cert-manager-crds.sh"
+RELEASE = "nmo"
+NS = c.OPERATOR_NAMESPACE
+SA = c.OPERATOR_SERVICE_ACCOUNT
+AS_SA = f"--as=system:serviceaccount:{NS}:{SA}"
+LEASE_NS = c.LEASE_NAMESPACE_DEFAULT
+VWC = "node-maintenance-operator-validating-webhook-configuration"
+VWC_PATH = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{VWC}"
+SCRAPER = "metrics-scraper"
+
+URL_MODE = [
+    "--set",
+    "webhook.url=https://127.0.0.1:9443" + c.WEBHOOK_PATH,
+    "--set",
+    "webhook.caBundle=" + base64.b64encode(b"placeholder").decode(),
+    "--set",
+    "deployment.enabled=false",
+]
+MODES: dict[str, list[str]] = {
+    "cert-manager": [],
+    "helm-generated": ["--set", "webhook.certManager.enabled=false"],
+    "webhook-url": URL_MODE,
+}
+EVERYTHING_ON = [
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "openshift.etcdQuorumGuard=true",
+    "--set",
+    f"metrics.readers[0].name={SCRAPER}",
+    "--set",
+    "metrics.readers[0].namespace=monitoring",
+    "--set",
+    "webhook.certManager.issuerRef.kind=ClusterIssuer",
+    "--set",
+    "webhook.certManager.issuerRef.name=corporate-ca",
+]
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+async def run(
+    argv: Sequence[str], *, input: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), 120)
+    return subprocess.CompletedProcess(list(argv), proc.returncode or 0, out.decode(), err.decode())
+
+
+@dataclass
+class Helm:
+    sandbox: Sandbox
+    home: Path
+    kube_version: str
+
+    async def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        argv = [str(self.sandbox.bin_dir / "helm"), f"--kubeconfig={self.sandbox.kubeconfig}"]
+        return await run([*argv, *args], env=env)
+
+    async def template(self, *values: str) -> str:
+        result = await self(
+            "template", RELEASE, str(CHART), "-n", NS, "--include-crds",
+            "--kube-version", self.kube_version, *values,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+
+def describe(result: subprocess.CompletedProcess[str]) -> str:
+    return f"{' '.join(result.args)}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+async def ensure_namespace(sandbox: Sandbox, name: str) -> None:
+    manifest = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    result = await sandbox.kubectl("apply", "-f", "-", input=manifest)
+    assert result.returncode == 0, describe(result)
+
+
+async def can_i(sandbox: Sandbox, *args: str) -> bool:
+    result = await sandbox.kubectl("auth", "can-i", *args, AS_SA)
+    assert result.stdout.strip() in ("yes", "no"), describe(result)
+    return result.stdout.strip() == "yes"
+
+
+async def service_account_token(kube: httpx.AsyncClient, namespace: str, name: str) -> str:
+    resp = await kube.post(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        json={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    assert resp.status_code == 201, resp.text
+    return str(resp.json()["status"]["token"])
+
+
+def token_kubeconfig(sandbox: Sandbox, token: str, path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "sandbox",
+                        "cluster": {
+                            "server": sandbox.server,
+                            "certificate-authority": str(sandbox.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": SA, "user": {"token": token}}],
+                "contexts": [{"name": SA, "context": {"cluster": "sandbox", "user": SA}}],
+                "current-context": SA,
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+class ChartOperator(Operator):
+    """``nmo run`` as the chart's ServiceAccount, serving the webhook like a replica would."""
+
+    def __init__(
+        self, sandbox: Sandbox, log_dir: Path, *, kubeconfig: Path, cert_dir: Path, port: int
+    ) -> None:
+        super().__init__(sandbox, log_dir)
+        self.kubeconfig = kubeconfig
+        self.cert_dir = cert_dir
+        self.webhook_port = port
+
+    def args(self) -> list[str]:
+        return [
+            sys.executable, "-m", "nmo", "run",
+            "--kubeconfig", str(self.kubeconfig),
+            "--leader-elect", "--leader-election-namespace", NS, "--leader-retry-period", "0.5",
+            "--lease-namespace", LEASE_NS, "--lease-renew-interval", "1",
+            "--status-interval", "0.5",
+            "--bind-address", "127.0.0.1",
+            "--health-probe-port", str(self.probe_port),
+            "--metrics-port", str(self.metrics_port),
+            "--webhook-port", str(self.webhook_port),
+            "--cert-dir", str(self.cert_dir),
+            "--log-format", "json", "--log-level", "debug",
+        ]  # fmt: skip
+
+
+# -- fixtures ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def helm(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    async with sandbox.client() as kube:
+        version = (await kube.get("/version")).json()["gitVersion"]
+    return Helm(sandbox, tmp_path_factory.mktemp("helm-home"), version)
+
+
+@dataclass
+class Release:
+    webhook_port: int
+    cert_dir: Path
+    created_lease_namespace: bool
+
+
+@pytest.fixture(scope="module")
+async def release(
+    sandbox: Sandbox, helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Release]:
+    """The chart installed for an nmo outside the cluster; uninstalled at the end."""
+    cert_dir = tmp_path_factory.mktemp("chart-webhook-certs")
+    serving = sandbox.issue_serving_cert(cert_dir, ["127.0.0.1"], name="apiserver")
+    port = free_port()
+    values = [
+        "--set", "deployment.enabled=false",
+        "--set", f"webhook.url=https://127.0.0.1:{port}{c.WEBHOOK_PATH}",
+        "--set", "webhook.caBundle=" + base64.b64encode(serving.ca_bundle).decode(),
+        "--set", f"metrics.readers[0].name={SCRAPER}",
+        "--set", f"metrics.readers[0].namespace={NS}",
+    ]  # fmt: skip
+    lease_ns = await sandbox.kubectl("get", "namespace", LEASE_NS, "--ignore-not-found", "-o=name")
+    result = await helm(
+        "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", *values, "--wait"
+    )
+    assert result.returncode == 0, describe(result)
+    try:
+        yield Release(port, cert_dir, not lease_ns.stdout.strip())
+    finally:
+        if (await helm("status", RELEASE, "-n", NS)).returncode == 0:
+            await helm("uninstall", RELEASE, "-n", NS, "--wait")
+        await sandbox.kubectl("delete", "namespace", NS, "--wait=false", "--ignore-not-found")
+
+
+@pytest.fixture
+async def sole_operator() -> AsyncIterator[None]:
+    """Stop the session's nmo (if running) so that only this module's nmo reconciles."""
+    running = [op for op in CURRENT if op.proc is not None and op.proc.poll() is None]
+    for op in running:
+        op.kill(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        for op in running:
+            await op.start()
+
+
+# -- the installed chart ---------------------------------------------------------
+
+
+async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release: Release) -> None:
+    # The troubleshooting guide's own check (section 2.4), verbatim.
+    guide = await sandbox.kubectl(
+        "auth", "can-i", "update", "leases", "-n", "medik8s-leases",
+        "--as=system:serviceaccount:node-maintenance-operator-system:"
+        "node-maintenance-operator-controller-manager",
+    )  # fmt: skip
+    assert guide.stdout.strip() == "yes", describe(guide)
+
+    allowed = [
+        ("patch", "nodes"),
+        ("watch", "nodes"),
+        ("list", "pods", "--all-namespaces"),
+        ("create", "pods", "--subresource=eviction", "-n", "default"),
+        ("get", "daemonsets.apps", "-n", "kube-system"),
+        ("patch", "nodemaintenances.nodemaintenance.medik8s.io"),
+        ("patch", "nodemaintenances.nodemaintenance.medik8s.io", "--subresource=status"),
+        ("create", "leases.coordination.k8s.io", "-n", LEASE_NS),
+        ("delete", "leases.coordination.k8s.io", "-n", LEASE_NS),
+        ("update", "leases.coordination.k8s.io", "-n", NS),
+        ("create", "events", "-n", "default"),
+        ("create", "tokenreviews.authentication.k8s.io"),
+        ("create", "subjectaccessreviews.authorization.k8s.io"),
+    ]
+    refused = [
+        ("delete", "nodes"),
+        ("update", "nodes"),
+        ("create", "nodes"),
+        ("get", "secrets", "-n", NS),
+        ("list", "secrets", "--all-namespaces"),
+        ("get", "configmaps", "-n", "kube-system"),
+        ("delete", "pods", "-n", "default"),
+        ("create", "pods", "-n", "default"),
+        ("update", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
+        ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
+        ("delete", "leases.coordination.k8s.io", "-n", NS),
+        ("create", "events", "-n", "kube-system"),
+        ("create", "nodemaintenances.nodemaintenance.medik8s.io"),
+        ("update", "daemonsets.apps", "-n", "kube-system"),
+        ("delete", "namespaces"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+        ("get", "oauthclients.oauth.openshift.io"),
+        ("impersonate", "serviceaccounts"),
+    ]
+    answers = await asyncio.gather(
+        *(can_i(sandbox, *a) for a in allowed), *(can_i(sandbox, *r) for r in refused)
+    )
+    wrong_no = [a for a, ok in zip(allowed, answers[: len(allowed)], strict=True) if not ok]
+    wrong_yes = [r for r, ok in zip(refused, answers[len(allowed) :], strict=True) if ok]
+    assert not wrong_no, f"the chart's ServiceAccount lacks: {wrong_no}"
+    assert not wrong_yes, f"the chart's ServiceAccount may do too much: {wrong_yes}"
+
+
+async def test_maintenance_under_the_charts_service_account(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    release: Release,
+    sole_operator: None,
+    namespace: str,
+    node_factory: NodeFactory,
+    tmp_path: Path,
+) -> None:
+    api = Api(kube)
+    await api.create(
+        f"/api/v1/namespaces/{NS}/serviceaccounts",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SCRAPER}},
+    )
+    token = await service_account_token(kube, NS, SA)
+    op = ChartOperator(
+        sandbox,
+        tmp_path,
+        kubeconfig=token_kubeconfig(sandbox, token, tmp_path / "kubeconfig"),
+        cert_dir=release.cert_dir,
+        port=release.webhook_port,
+    )
+    CURRENT.append(op)  # its log is attached to a failure report
+    try:
+        await op.start()
+        await _maintain_and_release(sandbox, api, namespace, node_factory)
+        await _metrics_are_guarded(kube, op)
+    finally:
+        op.kill(signal.SIGTERM)
+        CURRENT.remove(op)
+    log = op.logs()
+    denied = [line for line in log.splitlines() if "403" in line or "forbidden" in line.lower()]
+    assert not denied, "nmo was refused something under the chart's RBAC:\n" + "\n".join(denied)
+    assert '"msg": "lease renewed for node' in log, "the background lease renewal never ran"
+    assert "became leader" in log
+
+
+async def _maintain_and_release(
+    sandbox: Sandbox, api: Api, ns: str, node_factory: NodeFactory
+) -> None:
+    pool = f"chart-{uuid.uuid4().hex[:6]}"
+    (node,) = await node_factory(1, labels={"pool": pool})
+    bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}}
+    await api.create(f"/api/v1/namespaces/{ns}/pods", {**bare, "spec": pod_spec(node_name=node)})
+    await api.create(
+        f"/apis/apps/v1/namespaces/{ns}/daemonsets",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": pod_spec({"pool": pool}),
+                },
+            },
+        },
+    )
+
+    async def two_pods() -> bool:
+        return len(await api.pods(ns, node=node)) == 2
+
+    await wait_for(two_pods, timeout=30, what="the bare pod and the DaemonSet pod")
+
+    # kubectl create goes through the chart's webhook configuration to this nmo.
+    name = f"nm-{node}"
+    manifest = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": name}}
+    created = await sandbox.kubectl(
+        "create", "-f", "-", input=json.dumps({**manifest, "spec": {"nodeName": node}})
+    )
+    assert created.returncode == 0, describe(created)
+    stray = {**manifest, "metadata": {"name": f"{name}-x"}, "spec": {"nodeName": f"{node}-x"}}
+    missing = await sandbox.kubectl("create", "-f", "-", input=json.dumps(stray))
+    assert "invalid nodeName, no node with name" in missing.stderr, describe(missing)
+
+    async def succeeded() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if obj and (obj.get("status") or {}).get("phase") == "Succeeded" else None
+
+    await wait_for(succeeded, timeout=60, what=f"{name} to succeed")
+    status_node = await api.node(node)
+    assert status_node["spec"].get("unschedulable") is True
+    assert set(c.MAINTENANCE_TAINT_KEYS) <= {t["key"] for t in status_node["spec"]["taints"]}
+    assert status_node["metadata"]["labels"].get(c.EXCLUDE_FROM_REMEDIATION_LABEL) == "true"
+    remaining = [p["metadata"]["name"] for p in await api.pods(ns, node=node)]
+    assert len(remaining) == 1
+    assert remaining[0].startswith("agent-")
+    lease = await api.lease(node)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == c.LEASE_HOLDER
+    first_renew = lease["spec"]["renewTime"]
+
+    async def renewed() -> bool:
+        again = await api.lease(node)
+        return again is not None and again["spec"]["renewTime"] != first_renew
+
+    await wait_for(renewed, timeout=15, what="the node lease to be renewed")
+    events = await api.events(name)
+    assert {"BeginMaintenance", "SucceedMaintenance"} <= {e["reason"] for e in events}
+
+    await api.delete(f"{NM}/{name}")
+
+    async def gone() -> bool:
+        return await api.nm(name) is None
+
+    await wait_for(gone, timeout=30, what=f"{name} to be removed")
+    after = await api.node(node)
+    assert not after["spec"].get("unschedulable")
+    assert not set(c.MAINTENANCE_TAINT_KEYS) & {t["key"] for t in after["spec"].get("taints", [])}
+    assert c.EXCLUDE_FROM_REMEDIATION_LABEL not in after["metadata"]["labels"]
+    assert await api.lease(node) is None
+
+
+async def _metrics_are_guarded(kube: httpx.AsyncClient, op: Operator) -> None:
+    """TokenReview + SubjectAccessReview under the chart's RBAC; metrics.readers binds."""
+    url = f"https://127.0.0.1:{op.metrics_port}/metrics"
+    scraper = await service_account_token(kube, NS, SCRAPER)
+    operator = await service_account_token(kube, NS, SA)
+    async with httpx.AsyncClient(verify=False, timeout=10) as client:  # self-signed
+        ok = await client.get(url, headers={"Authorization": f"Bearer {scraper}"})
+        assert ok.status_code == 200, ok.text
+        assert "nmo_" in ok.text
+        refused = await client.get(url, headers={"Authorization": f"Bearer {operator}"})
+        assert refused.status_code == 403, refused.text
+
+
+async def test_upgrade_with_changed_values(
+    sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm, release: Release
+) -> None:
+    result = await helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+        "--set", "webhook.timeoutSeconds=25", "--set", "operator.logLevel=debug", "--wait",
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    vwc = (await kube.get(VWC_PATH)).json()
+    assert vwc["webhooks"][0]["timeoutSeconds"] == 25
+    assert vwc["webhooks"][0]["clientConfig"]["url"].endswith(c.WEBHOOK_PATH)
+    history = await helm("history", RELEASE, "-n", NS, "-o", "json")
+    revisions = json.loads(history.stdout)
+    assert [r["status"] for r in revisions][-1] == "deployed"
+    assert len(revisions) >= 2
+
+
+async def test_uninstall_leaves_only_the_crd(
+    sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm, release: Release, tmp_path: Path
+) -> None:
+    manifest = await helm("get", "manifest", RELEASE, "-n", NS)
+    assert manifest.returncode == 0, describe(manifest)
+    objects = [d for d in yaml.safe_load_all(manifest.stdout) if d]
+    kept = [
+        o
+        for o in objects
+        if (o["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep"
+    ]
+    assert [(o["kind"], o["metadata"]["name"]) for o in kept] == (
+        [("Namespace", LEASE_NS)] if release.created_lease_namespace else []
+    )
+    owned = tmp_path / "owned.yaml"
+    owned.write_text(yaml.safe_dump_all([o for o in objects if o not in kept]))
+    present = await sandbox.kubectl("get", "-f", str(owned), "-o", "name")
+    assert present.returncode == 0, describe(present)
+    assert len(present.stdout.split()) == len(objects) - len(kept)
+
+    result = await helm("uninstall", RELEASE, "-n", NS, "--wait")
+    assert result.returncode == 0, describe(result)
+
+    left = await sandbox.kubectl("get", "-f", str(owned), "-o", "name", "--ignore-not-found")
+    assert left.returncode == 0, describe(left)
+    assert left.stdout.strip() == "", f"left behind by helm uninstall:\n{left.stdout}"
+    labelled = await sandbox.kubectl(
+        "get", "all,roles,rolebindings,clusterroles,clusterrolebindings,"
+        "validatingwebhookconfigurations,secrets,serviceaccounts,poddisruptionbudgets",
+        "--all-namespaces", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
+    )  # fmt: skip
+    assert labelled.stdout.strip() == "", labelled.stdout
+    assert (
+        await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{c.CRD_NAME}")
+    ).status_code == 200
+    assert not await can_i(sandbox, "update", "leases", "-n", LEASE_NS)
+
+    async def webhook_gone() -> bool:
+        probe = {"apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "probe"},
+                 "spec": {"nodeName": "no-such-node"}}  # fmt: skip
+        resp = await kube.post(NM, params={"dryRun": "All"}, json=probe)
+        return resp.status_code == 201
+
+    await wait_for(webhook_gone, timeout=30, what="the apiserver to stop calling the webhook")
+
+
+async def test_generated_certificate_is_kept_across_upgrades(
+    sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm
+) -> None:
+    """Helm-generated mode: one CA and serving certificate, reused by later upgrades."""
+    name, ns = "nmo-gen", f"nmo-gen-{uuid.uuid4().hex[:6]}"
+    values = [
+        "--set", f"fullnameOverride={name}",
+        "--set", "deployment.enabled=false",
+        "--set", "webhook.certManager.enabled=false",
+        "--set", "webhook.failurePolicy=Ignore",  # no server behind it in this test
+    ]  # fmt: skip
+    secret_path = f"/api/v1/namespaces/{ns}/secrets/{name}-webhook-server-cert"
+    vwc_path = VWC_PATH.replace(VWC, f"{name}-validating-webhook-configuration")
+
+    async def installed_pki() -> tuple[dict[str, str], str]:
+        secret = (await kube.get(secret_path)).json()
+        vwc = (await kube.get(vwc_path)).json()
+        return secret["data"], vwc["webhooks"][0]["clientConfig"]["caBundle"]
+
+    try:
+        first = await helm("install", name, str(CHART), "-n", ns, "--create-namespace", *values)
+        assert first.returncode == 0, describe(first)
+        data, ca_bundle = await installed_pki()
+        assert ca_bundle == data["ca.crt"]
+        ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
+        leaf = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+        leaf.verify_directly_issued_by(ca)
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert f"{name}-webhook-service.{ns}.svc" in sans.get_values_for_type(x509.DNSName)
+
+        again = await helm(
+            "upgrade", name, str(CHART), "-n", ns, *values, "--set", "webhook.timeoutSeconds=5"
+        )
+        assert again.returncode == 0, describe(again)
+        assert await installed_pki() == (data, ca_bundle)
+    finally:
+        await helm("uninstall", name, "-n", ns, "--wait")
+        await sandbox.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found")
+
+
+# -- rendering -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [*MODES.values(), EVERYTHING_ON],
+    ids=[*MODES, "everything-on"],
+)
+async def test_lint_strict(helm: Helm, values: list[str]) -> None:
+    result = await helm(
+        "lint", "--strict", str(CHART), "--kube-version", helm.kube_version, *values
+    )
+    assert result.returncode == 0, describe(result)
+    assert "[WARNING]" not in result.stdout + result.stderr, describe(result)
+    assert "[ERROR]" not in result.stdout + result.stderr, describe(result)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (["--set", "webhook.url=https://nmo.example:9443/x"], "caBundle"),
+        (["--set", "webhook.url=http://nmo.example/x", "--set", "webhook.caBundle=QQ=="], "url"),
+        (["--set", "replicas=2"], "replicas"),
+        (["--set", "operator.logFormat=xml"], "logFormat"),
+    ],
+    ids=["url-without-ca", "plain-http", "unknown-key", "bad-enum"],
+)
+async def test_schema_rejects_bad_values(helm: Helm, values: list[str], complaint: str) -> None:
+    result = await helm("lint", "--strict", str(CHART), *values)
+    assert result.returncode != 0
+    assert complaint in result.stdout + result.stderr, describe(result)
+
+
+@pytest.fixture(scope="module")
+async def cert_manager_crds(sandbox: Sandbox) -> None:
+    """cert-manager's CRDs from its Go module (hack/cert-manager-crds.sh caches them)."""
+    fetched = await run(["bash", str(CERT_MANAGER_CRDS)])
+    if fetched.returncode != 0:
+        pytest.fail(f"cannot get cert-manager's CRDs:\n{fetched.stderr}", pytrace=False)
+    crd_dir = fetched.stdout.strip().splitlines()[-1]
+    applied = await sandbox.kubectl("apply", "--server-side", "-f", crd_dir)
+    assert applied.returncode == 0, describe(applied)
+    established = await sandbox.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "-f", crd_dir
+    )
+    assert established.returncode == 0, describe(established)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_template_accepted_by_the_apiserver(
+    sandbox: Sandbox, helm: Helm, cert_manager_crds: None, mode: str
+) -> None:
+    await ensure_namespace(sandbox, NS)
+    await ensure_namespace(sandbox, LEASE_NS)  # shared with NHC/SNR; usually exists
+    rendered = await helm.template(*MODES[mode])
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    expected = {
+        "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "Role", "RoleBinding", "ValidatingWebhookConfiguration",
+    }  # fmt: skip
+    if mode != "webhook-url":
+        expected |= {"Deployment", "Service", "PodDisruptionBudget"}
+    expected |= {"cert-manager": {"Issuer", "Certificate"}, "helm-generated": {"Secret"}}.get(
+        mode, set()
+    )
+    assert expected <= kinds, f"missing {expected - kinds}"
+    result = await sandbox.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
+    assert result.returncode == 0, describe(result)
+    assert "(server dry run)" in result.stdout
+
+
+async def test_deployment_matches_the_guide(helm: Helm) -> None:
+    """Names, labels, probes and hardening the guide and the cluster's policies rely on."""
+    docs = [d for d in yaml.safe_load_all(await helm.template()) if d]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    pod = dep["spec"]["template"]
+    assert dep["metadata"]["namespace"] == NS
+    assert dep["spec"]["replicas"] == 2
+    assert pod["metadata"]["labels"]["control-plane"] == "controller-manager"
+    assert pod["spec"]["serviceAccountName"] == SA
+    (ctr,) = pod["spec"]["containers"]
+    assert "--leader-elect" in ctr["args"]
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    assert ports == {"webhook-server": 9443, "https": 8443, "health": 8081}
+    mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
+    assert c.DEFAULT_CERT_DIR in mounts
+    env = {e["name"] for e in ctr["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE", "LEASE_NAMESPACE"} <= env
+    sec = ctr["securityContext"]
+    assert sec["readOnlyRootFilesystem"] is True
+    assert sec["allowPrivilegeEscalation"] is False
+    assert sec["capabilities"]["drop"] == ["ALL"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    # Every flag the chart passes is one `nmo run` accepts.
+    from nmo.cli import build_parser
+
+    build_parser().parse_args(ctr["args"])
+    webhook = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+    (hook,) = webhook["webhooks"]
+    assert hook["name"] == c.WEBHOOK_NAME
+    assert hook["clientConfig"]["service"]["path"] == c.WEBHOOK_PATH
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert (hook["failurePolicy"], hook["sideEffects"]) == ("Fail", "None")
+    assert hook["admissionReviewVersions"] == ["v1"]
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    ports_by_service = {n: s["spec"]["ports"][0]["port"] for n, s in services.items()}
+    assert sorted(ports_by_service.values()) == [443, 8443]

@@ -1,0 +1,277 @@
+"""The emergency cleanup plan (B11): what is removed, what is kept and why."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from nmo.api import constants as c
+from nmo.core.nodeplan import PriorState
+from nmo.ops.cleanup import Plan, StepKind, leader_alive, plan_cleanup, same_or_smaller
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
+DRAIN = {"key": c.DRAIN_TAINT_KEY, "effect": "NoSchedule"}
+FOREIGN = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+DRAIN_EXEC = {"key": c.DRAIN_TAINT_KEY, "effect": "NoExecute"}  # same key, not ours
+BOTH_LABELS = {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true", c.GUIDE_EXCLUDE_LABEL: "true"}
+
+
+def node(
+    *,
+    taints: list[dict[str, Any]] | None = None,
+    cordoned: bool = False,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})},
+        "spec": {"unschedulable": cordoned, "taints": list(taints or [])},
+    }
+
+
+def nm(
+    name: str = "nm-1",
+    *,
+    finalizers: tuple[str, ...] = (c.FINALIZER,),
+    prior: PriorState | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "resourceVersion": "3",
+        "creationTimestamp": "2026-01-01T10:00:00Z",
+        "finalizers": list(finalizers),
+    }
+    if prior is not None:
+        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T11:00:00Z"
+    return {"metadata": meta, "spec": {"nodeName": "n1"}}
+
+
+def lease(holder: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "node-n1", "uid": "u1", "resourceVersion": "9"},
+        "spec": {"holderIdentity": holder},
+    }
+
+
+def apply(doc: dict[str, Any], ops: list[dict[str, Any]] | None) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    for op in ops or []:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[part]
+        if op["op"] == "test":
+            assert parent[parts[-1]] == op["value"]
+        elif op["op"] == "remove":
+            del parent[parts[-1]]
+        else:
+            parent[parts[-1]] = op["value"]
+    return doc
+
+
+def plan(n: dict[str, Any] | None, crs: list[dict[str, Any]] | None = None, ls: Any = None) -> Plan:
+    return plan_cleanup(
+        "n1", node=n, maintenances=crs or [], lease=ls, lease_namespace=c.LEASE_NAMESPACE_DEFAULT
+    )
+
+
+def kinds(p: Plan) -> list[StepKind]:
+    return [s.kind for s in p.steps]
+
+
+@pytest.mark.parametrize(
+    ("before", "crs", "after_taints", "after_cordon", "after_labels"),
+    [
+        pytest.param(
+            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            [nm()],
+            [],
+            False,
+            {},
+            id="full-mess-both-label-keys",
+        ),
+        pytest.param(
+            node(taints=[FOREIGN, UNSCHED, DRAIN, DRAIN_EXEC], cordoned=True),
+            [],
+            [FOREIGN, DRAIN_EXEC],
+            False,
+            {},
+            id="foreign-taints-kept",
+        ),
+        pytest.param(
+            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
+            [UNSCHED],
+            True,
+            {},
+            id="prior-cordon-kept",
+        ),
+        pytest.param(
+            node(taints=[DRAIN], cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            [nm(prior=PriorState(label=True))],
+            [],
+            False,
+            {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+            id="prior-label-kept",
+        ),
+        pytest.param(
+            node(taints=[UNSCHED], cordoned=True),
+            [],
+            [UNSCHED],
+            True,
+            {},
+            id="admin-cordon-without-maintenance-left-alone",
+        ),
+        pytest.param(
+            node(labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
+            [],
+            [],
+            False,
+            {"team": "a"},
+            id="guide-label-only",
+        ),
+    ],
+)
+def test_node_after_cleanup(
+    before: dict[str, Any],
+    crs: list[dict[str, Any]],
+    after_taints: list[dict[str, Any]],
+    after_cordon: bool,
+    after_labels: dict[str, str],
+) -> None:
+    p = plan(before, crs)
+    after = apply(before, p.node_patch)
+    assert after["spec"]["taints"] == after_taints
+    assert after["spec"]["unschedulable"] is after_cordon
+    assert after["metadata"]["labels"] == after_labels
+
+
+def test_both_label_keys_are_separate_steps() -> None:
+    p = plan(node(labels=BOTH_LABELS))
+    removed = {s.what for s in p.steps if s.kind is StepKind.REMOVE_LABEL}
+    assert removed == {
+        f"remove label {c.EXCLUDE_FROM_REMEDIATION_LABEL}",
+        f"remove label {c.GUIDE_EXCLUDE_LABEL}",
+    }
+
+
+def test_node_patch_is_guarded_by_resource_version() -> None:
+    p = plan(node(taints=[DRAIN]))
+    assert p.node_patch is not None
+    assert p.node_patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
+
+
+def test_prior_cordon_is_explained() -> None:
+    prior = PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,))
+    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True), [nm(prior=prior)])
+    assert StepKind.UNCORDON not in kinds(p)
+    assert any("cordoned before the maintenance" in k for k in p.kept)
+
+
+@pytest.mark.parametrize(
+    ("holder", "released", "kept"),
+    [
+        (c.LEASE_HOLDER, True, False),
+        ("node-healthcheck", False, True),
+        ("", False, True),
+    ],
+)
+def test_lease_released_only_when_ours(holder: str, released: bool, kept: bool) -> None:
+    p = plan(node(), [], lease(holder))
+    assert (StepKind.RELEASE_LEASE in kinds(p)) is released
+    assert (p.lease is not None) is released
+    assert any("lease/" in k for k in p.kept) is kept
+    if holder and kept:
+        assert any(holder in k for k in p.kept)
+
+
+def test_finalizer_removed_others_kept() -> None:
+    p = plan(node(), [nm(finalizers=("example.com/keep", c.FINALIZER), deleting=True)])
+    assert kinds(p) == [StepKind.REMOVE_FINALIZER]
+    ((name, ops),) = p.finalizer_patches
+    assert name == "nm-1"
+    assert ops[-1] == {
+        "op": "replace",
+        "path": "/metadata/finalizers",
+        "value": ["example.com/keep"],
+    }
+    assert not p.notes  # being deleted: it disappears once the finalizers are gone
+
+
+def test_live_cr_gets_a_note_or_is_deleted_on_request() -> None:
+    p = plan(node(), [nm()])
+    assert any("kubectl delete nm nm-1" in n for n in p.notes)
+    p2 = plan_cleanup(
+        "n1",
+        node=node(),
+        maintenances=[nm()],
+        lease=None,
+        lease_namespace="x",
+        delete_maintenances=True,
+    )
+    assert kinds(p2) == [StepKind.REMOVE_FINALIZER, StepKind.DELETE_MAINTENANCE]
+    assert p2.deletions == ("nm-1",)
+
+
+def test_unknown_node_still_cleans_cr_and_lease() -> None:
+    p = plan(None, [nm(deleting=True)], lease(c.LEASE_HOLDER))
+    assert not p.node_found
+    assert p.node_patch is None
+    assert kinds(p) == [StepKind.RELEASE_LEASE, StepKind.REMOVE_FINALIZER]
+
+
+def test_second_run_is_a_no_op() -> None:
+    before = node(taints=[FOREIGN, UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS)
+    first = plan(before, [nm(deleting=True)], lease(c.LEASE_HOLDER))
+    after = apply(before, first.node_patch)
+    second = plan(after, [], None)
+    assert second.empty
+    assert second.node_patch is None
+
+
+def test_replanned_subset_is_accepted() -> None:
+    full = plan(node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS), [nm()])
+    less = plan(node(taints=[DRAIN], cordoned=True), [nm()])
+    assert same_or_smaller(less, full)
+    assert not same_or_smaller(full, less)
+
+
+@pytest.mark.parametrize(
+    ("spec", "alive"),
+    [
+        (
+            {
+                "holderIdentity": "nmo-1",
+                "renewTime": "2026-01-01T11:59:55.000000Z",
+                "leaseDurationSeconds": 15,
+            },
+            "nmo-1",
+        ),
+        (
+            {
+                "holderIdentity": "nmo-1",
+                "renewTime": "2026-01-01T11:59:00.000000Z",
+                "leaseDurationSeconds": 15,
+            },
+            None,
+        ),
+        (
+            {
+                "holderIdentity": "",
+                "renewTime": "2026-01-01T11:59:59.000000Z",
+                "leaseDurationSeconds": 15,
+            },
+            None,
+        ),
+        ({}, None),
+    ],
+)
+def test_leader_alive(spec: dict[str, Any], alive: str | None) -> None:
+    assert leader_alive({"spec": spec}, NOW) == alive
+    assert leader_alive(None, NOW + timedelta(0)) is None

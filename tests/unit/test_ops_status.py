@@ -1,0 +1,146 @@
+"""``nmo status``: the stable JSON view and the rich rendering (B9)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+
+from nmo.api import constants as c
+from nmo.ops import status as st
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def running_nm() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "nm-1", "creationTimestamp": "2026-01-01T11:50:00Z"},
+        "spec": {"nodeName": "n1", "reason": "kernel upgrade"},
+        "status": {
+            "phase": "Running",
+            "drainProgress": 50,
+            "lastUpdate": "2026-01-01T11:59:00Z",
+            "lastError": "not all pods evicted: 1 pending; shop/db-0: blocked by PDB db",
+            "totalpods": 5,
+            "evictionPods": 2,
+            "errorOnLeaseCount": 0,
+            "pendingPods": ["db-0"],
+            "pendingPodsRefs": [{"namespace": "shop", "name": "db-0"}],
+            "pendingPodsDetails": [
+                {
+                    "namespace": "shop",
+                    "name": "db-0",
+                    "reason": "DisruptionBudget",
+                    "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                    "disruptionBudget": "db",
+                    "since": "2026-01-01T11:55:00Z",
+                }
+            ],
+        },
+    }
+
+
+LEASE = {
+    "metadata": {"name": "node-n1", "namespace": "medik8s-leases"},
+    "spec": {
+        "holderIdentity": c.LEASE_HOLDER,
+        "renewTime": "2026-01-01T11:58:00.000000Z",
+        "leaseDurationSeconds": 3600,
+    },
+}
+
+
+def event(kind: str, name: str, reason: str, t: str) -> dict[str, Any]:
+    return {
+        "involvedObject": {"kind": kind, "name": name},
+        "reason": reason,
+        "type": "Normal",
+        "message": reason,
+        "lastTimestamp": t,
+    }
+
+
+EVENTS = [
+    event("Node", "n1", "UncordonNode", "2026-01-01T11:52:00Z"),
+    event(c.KIND, "nm-1", "BeginMaintenance", "2026-01-01T11:50:00Z"),
+    event(c.KIND, "other", "BeginMaintenance", "2026-01-01T11:51:00Z"),
+    event("Node", "n2", "Something", "2026-01-01T11:51:00Z"),
+]
+
+
+def test_summary_is_stable_json() -> None:
+    s = st.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)
+    assert list(s) == [
+        "name", "node", "reason", "phase", "drainProgress", "deleting", "createdAt",
+        "lastUpdate", "lastError", "totalPods", "evictionPods", "errorOnLeaseCount",
+        "pendingPods", "lease", "events",
+    ]  # fmt: skip
+    assert s["pendingPods"] == [
+        {
+            "namespace": "shop",
+            "name": "db-0",
+            "reason": "DisruptionBudget",
+            "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+            "disruptionBudget": "db",
+            "since": "2026-01-01T11:55:00Z",
+        }
+    ]
+    assert s["lease"] == {
+        "name": "node-n1",
+        "namespace": "medik8s-leases",
+        "holder": c.LEASE_HOLDER,
+        "renewTime": "2026-01-01T11:58:00Z",
+        "expires": "2026-01-01T12:58:00Z",
+        "valid": True,
+    }
+    assert [e["reason"] for e in s["events"]] == ["BeginMaintenance", "UncordonNode"]
+    doc = st.document([s], NOW)
+    assert doc["schema"] == st.SCHEMA and doc["items"] == [s]
+    json.dumps(doc)  # serializable as is
+
+
+def test_go_nmo_cr_falls_back_to_refs_and_no_lease() -> None:
+    nm = running_nm()
+    del nm["status"]["pendingPodsDetails"]
+    s = st.summarize(nm, lease=None, events=[], now=NOW)
+    assert s["pendingPods"][0]["name"] == "db-0"
+    assert s["pendingPods"][0]["reason"] is None
+    assert s["lease"] is None
+
+
+def test_expired_lease_is_not_valid() -> None:
+    lease = {**LEASE, "spec": {**LEASE["spec"], "renewTime": "2026-01-01T10:00:00.000000Z"}}
+    view = st.lease_view(lease, NOW)
+    assert view is not None and view["valid"] is False
+
+
+def render_text(summaries: list[dict[str, Any]]) -> str:
+    console = Console(record=True, width=160, color_system=None)
+    console.print(st.render(summaries, NOW))
+    return console.export_text()
+
+
+def test_render_shows_why_pods_are_pending() -> None:
+    text = render_text([st.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)])
+    for expected in (
+        "nodemaintenance/nm-1",
+        "Running",
+        "50%",
+        "shop/db-0",
+        "DisruptionBudget",
+        "5m ago",
+        "node-maintenance, valid, expires in 58m",
+        "not all pods evicted",
+        "BeginMaintenance",
+    ):
+        assert expected in text, expected
+
+
+def test_render_succeeded_and_empty() -> None:
+    nm = running_nm()
+    nm["status"].update(phase="Succeeded", drainProgress=100, pendingPodsDetails=[], lastError="")
+    text = render_text([st.summarize(nm, lease=None, events=[], now=NOW)])
+    assert "Succeeded" in text and "100%" in text and "Pending pods" not in text
+    assert "No NodeMaintenance found." in render_text([])
