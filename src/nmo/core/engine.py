@@ -66,7 +66,13 @@ class Engine:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
-        self.maintenances = Informer(kube, NM_PATH, name="nodemaintenances")
+        self.maintenances = Informer(
+            kube,
+            NM_PATH,
+            name="nodemaintenances",
+            missing_hint=f"the CRD {c.CRD_NAME} is not installed; install the Helm chart "
+            "or run `nmo crd | kubectl apply -f -`",
+        )
         self.nodes = Informer(kube, api_path("v1", "nodes"), name="nodes")
         self.pods = Informer(
             kube,

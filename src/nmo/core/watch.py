@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nmo.core.errors import Gone, KubeError, Transient
+from nmo.core.errors import Gone, KubeError, NotFound, Transient
 from nmo.core.kube import Kube
 
 log = logging.getLogger("nmo.watch")
@@ -64,6 +64,7 @@ class Informer:
         timeout_seconds: int = 300,
         max_backoff: float = 30.0,
         index: IndexFunc | None = None,
+        missing_hint: str = "",
     ) -> None:
         self.kube = kube
         self.path = path
@@ -75,6 +76,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.handlers: list[Handler] = []
         self._index_func = index
+        self.missing_hint = missing_hint
         self.index: dict[str, set[str]] = {}
         self.resource_version: str | None = None
         self.lists = 0
@@ -186,6 +188,13 @@ class Informer:
                 self.resource_version = None
             except KubeError as exc:
                 failures += 1
+                if isinstance(exc, NotFound) and self.missing_hint:
+                    log.error(
+                        "%s is not served by the API server: %s",
+                        self.path,
+                        self.missing_hint,
+                        extra={"informer": self.name},
+                    )
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
                 delay = random.uniform(delay / 2, delay)
                 log.warning(
