@@ -7,11 +7,9 @@ httpx underneath) with respx standing in for the kube-apiserver.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import kr8s
 import pytest
 import respx
 from webhook_fakes import FakeLookups, nm, node
@@ -24,7 +22,6 @@ from nmo.webhooks.metrics_auth import MetricsAuth
 from nmo.webhooks.probes import CheckFailed, Probes
 
 Obj = dict[str, Any]
-SERVER = "https://k8s.test:6443"
 
 
 def review(operation: str = "CREATE", *, obj: Obj | None = None, old: Obj | None = None) -> Obj:
@@ -239,25 +236,6 @@ async def test_hanging_check_times_out() -> None:
 # -- metrics ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def api_server() -> Iterator[respx.MockRouter]:
-    kr8s.Api._instances.clear()
-    with respx.mock(base_url=SERVER, assert_all_called=False) as mock:
-        mock.get("/version/").respond(json={"major": "1", "minor": "35", "gitVersion": "v1.35.4"})
-        mock.get("/version").respond(json={"major": "1", "minor": "35", "gitVersion": "v1.35.4"})
-        yield mock
-    kr8s.Api._instances.clear()
-
-
-KUBECONFIG = {
-    "apiVersion": "v1",
-    "kind": "Config",
-    "clusters": [{"name": "t", "cluster": {"server": SERVER, "insecure-skip-tls-verify": True}}],
-    "users": [{"name": "t", "user": {"token": "operator-token"}}],
-    "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-    "current-context": "t",
-}
-
 USERS = {
     "prom-token": {"username": "system:serviceaccount:monitoring:prometheus", "groups": ["sa"]},
     "nobody-token": {"username": "nobody", "groups": []},
@@ -282,12 +260,6 @@ def access_review(request: httpx.Request) -> httpx.Response:
         "verb": "get",
     }
     return httpx.Response(201, json={"kind": "SubjectAccessReview", "status": {"allowed": allowed}})
-
-
-@pytest.fixture
-async def kube(api_server: respx.MockRouter) -> Kube:
-    api = await kr8s.asyncio.api(kubeconfig=KUBECONFIG)  # type: ignore[arg-type]  # dicts work
-    return Kube(api)
 
 
 async def test_metrics_require_a_token_review_and_access_review(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -144,7 +145,8 @@ class Informer:
         self.resource_version = str((page.get("metadata") or {}).get("resourceVersion") or "")
         self.synced.set()
 
-    async def _watch_once(self) -> None:
+    async def _watch_once(self) -> int:
+        """One WATCH; returns how many events it delivered."""
         params: dict[str, str | int | bool] = {
             **self.params,
             "watch": True,
@@ -154,9 +156,11 @@ class Informer:
         if self.resource_version:
             params["resourceVersion"] = self.resource_version
         self.watches += 1
+        delivered = 0
         async for event in self.kube.stream(
             self.path, params=params, read_timeout=self.timeout_seconds + 30
         ):
+            delivered += 1
             kind = event.get("type")
             obj = event.get("object") or {}
             if kind == "ERROR":
@@ -173,6 +177,11 @@ class Informer:
                 self._apply(kind, obj)
                 if rv:
                     self.resource_version = str(rv)
+        return delivered
+
+    def _backoff(self, failures: int) -> float:
+        delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
+        return random.uniform(delay / 2, delay)
 
     async def run(self) -> None:
         """Run forever (cancel to stop)."""
@@ -181,8 +190,15 @@ class Informer:
             try:
                 if self.resource_version is None:
                     await self._relist()
-                await self._watch_once()
-                failures = 0
+                started = time.monotonic()
+                delivered = await self._watch_once()
+                if delivered or time.monotonic() - started >= 1.0:
+                    failures = 0
+                else:
+                    # A watch that ends at once with nothing in it (a proxy
+                    # cutting streams, say) must not turn into a hot loop.
+                    failures += 1
+                    await asyncio.sleep(self._backoff(failures))
             except Gone:
                 log.info("watch expired, re-listing", extra={"informer": self.name})
                 self.resource_version = None
@@ -195,8 +211,7 @@ class Informer:
                         self.missing_hint,
                         extra={"informer": self.name},
                     )
-                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-                delay = random.uniform(delay / 2, delay)
+                delay = self._backoff(failures)
                 log.warning(
                     "watch interrupted, retrying",
                     extra={"informer": self.name, "error": str(exc), "delay": round(delay, 2)},

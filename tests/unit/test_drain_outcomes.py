@@ -1,0 +1,147 @@
+"""Eviction answers and what the drainer makes of them (behavior.md A4, B2, B9)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from nmo.core.drain import Drainer
+from nmo.core.kube import Kube
+from nmo.core.metrics import Metrics
+
+
+def pod(name: str, uid: str = "u1") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid}, "spec": {"nodeName": "n1"}}
+
+
+def eviction(name: str) -> str:
+    return f"/api/v1/namespaces/ns/pods/{name}/eviction"
+
+
+PDB_429 = httpx.Response(
+    429,
+    headers={"Retry-After": "7"},
+    json={
+        "reason": "TooManyRequests",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "details": {
+            "causes": [
+                {
+                    "reason": "DisruptionBudget",
+                    "message": "The disruption budget web-pdb needs 2 healthy pods "
+                    "and has 2 currently",
+                }
+            ]
+        },
+    },
+)
+NS_403 = httpx.Response(
+    403,
+    json={
+        "reason": "Forbidden",
+        "message": 'pods "p" is forbidden: unable to create new content in namespace ns '
+        "because it is being terminated",
+        "details": {"causes": [{"type": "NamespaceTerminating", "field": "metadata.namespace"}]},
+    },
+)
+MULTI_500 = httpx.Response(
+    500, json={"message": "This pod has more than one PodDisruptionBudget, which the eviction "
+               "subresource does not support."}
+)  # fmt: skip
+
+
+async def drive(kube: Kube, pods: list[dict[str, Any]]) -> tuple[Drainer, list[str], Metrics]:
+    changed: list[str] = []
+    done = asyncio.Event()
+    metrics = Metrics()
+
+    def on_change(node: str) -> None:
+        changed.append(node)
+        if len(changed) >= len(pods):
+            done.set()
+
+    drainer = Drainer(kube, max_parallel=2, on_change=on_change, metrics=metrics)
+    drainer.sync("n1", pods)
+    await asyncio.wait_for(done.wait(), 5)
+    return drainer, changed, metrics
+
+
+@pytest.mark.parametrize(
+    ("response", "reason", "pdb", "outcome"),
+    [
+        (PDB_429, "DisruptionBudget", "web-pdb", "pdb_blocked"),
+        (NS_403, "NamespaceTerminating", None, "namespace_terminating"),
+        (MULTI_500, "MultiplePDBs", None, "multiple_pdbs"),
+        (httpx.Response(422, json={"message": "weird"}), "EvictionError", None, "error"),
+        (httpx.Response(201, json={}), "Terminating", None, "evicted"),
+    ],
+)
+async def test_eviction_answers(
+    api_server: respx.MockRouter,
+    kube: Kube,
+    response: httpx.Response,
+    reason: str,
+    pdb: str | None,
+    outcome: str,
+) -> None:
+    route = api_server.post(eviction("p")).mock(return_value=response)
+    drainer, changed, metrics = await drive(kube, [pod("p")])
+    assert changed == ["n1"]
+    assert route.call_count == 1  # the drainer owns retries, not the boundary
+    report = drainer.sync("n1", [pod("p")])
+    assert route.call_count == 1, "retried before its backoff expired"
+    (detail,) = report.details
+    assert detail.reason == reason
+    assert detail.disruption_budget == pdb
+    assert metrics.evictions.labels(outcome=outcome)._value.get() == 1
+    if outcome in ("multiple_pdbs", "error", "namespace_terminating"):
+        assert report.last_error is not None and "ns" in report.last_error
+    if outcome == "pdb_blocked":
+        assert report.next_wake is not None and report.next_wake >= 6.5  # Retry-After 7 s
+
+
+async def test_gone_pods_and_replaced_uids_leave_the_pending_list(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    api_server.post(eviction("a")).respond(404, json={"message": "not found"})
+    api_server.post(eviction("b")).respond(201, json={})
+    drainer, _, metrics = await drive(kube, [pod("a"), pod("b", uid="old")])
+    assert metrics.evictions.labels(outcome="gone")._value.get() == 1
+    # a is gone from the cache; b came back with a new UID (a new pod, same name)
+    report = drainer.sync("n1", [pod("b", uid="new")])
+    assert [d.name for d in report.details] == ["b"]
+    assert report.details[0].reason != "Terminating"
+
+
+async def test_parallelism_is_bounded(api_server: respx.MockRouter, kube: Kube) -> None:
+    in_flight = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await release.wait()
+        in_flight -= 1
+        return httpx.Response(201, json={})
+
+    for i in range(6):
+        api_server.post(eviction(f"p{i}")).mock(side_effect=slow)
+    changed: list[str] = []
+    drainer = Drainer(kube, max_parallel=2, on_change=changed.append, metrics=Metrics())
+    drainer.sync("n1", [pod(f"p{i}", uid=f"u{i}") for i in range(6)])
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert peak == 2
+    release.set()
+    for _ in range(200):
+        if len(changed) == 6:
+            break
+        await asyncio.sleep(0)
+    assert len(changed) == 6
+    assert peak == 2
