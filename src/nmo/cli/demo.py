@@ -30,12 +30,12 @@ from rich.table import Table
 from rich.text import Text
 
 from nmo.api import constants as c
-from nmo.api.crd import crd
 from nmo.sandbox import Sandbox, SandboxError
 
 T = TypeVar("T")
 NM_PATH = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 NODE = "node-1"
+CHART = Path(__file__).resolve().parents[3] / "charts" / "node-maintenance-operator"
 console = Console(highlight=False, width=110)
 
 
@@ -147,28 +147,42 @@ class Demo:
         return result.stdout + result.stderr
 
     async def install(self) -> None:
-        step("Install the NodeMaintenance CRD and start nmo with its validating webhook")
-        await expect(
-            await self.http.post(
-                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd()
-            ),
-            201,
-        )
+        step("Install the Helm chart (webhook.url mode) and run nmo as the chart's ServiceAccount")
+        certs = self.workdir / "certs"
+        serving = self.sb.issue_serving_cert(certs, ["127.0.0.1", "localhost"])
+        cert_dir = self.workdir / "cert-dir"
+        cert_dir.mkdir()
+        (cert_dir / "tls.crt").write_bytes(serving.cert_file.read_bytes())
+        (cert_dir / "tls.key").write_bytes(serving.key_file.read_bytes())
+        port, probes = _port(), _port()
+        url = f"https://127.0.0.1:{port}{c.WEBHOOK_PATH}"
+        result = await self.sb.helm(
+            "install", "nmo", str(CHART), "-n", c.OPERATOR_NAMESPACE, "--create-namespace",
+            "--set", "deployment.enabled=false", "--set", f"webhook.url={url}",
+            "--set", f"webhook.caBundle={base64.b64encode(serving.ca_bundle).decode()}",
+            "--wait", "--timeout", "60s",
+        )  # fmt: skip
+        console.print(f"    [dim]$ helm install nmo {CHART.name} -n {c.OPERATOR_NAMESPACE} ...[/]")
+        if result.returncode != 0:
+            raise DemoFailed(f"helm install failed: {result.stderr.strip()}")
+        ok("chart installed: CRD, ServiceAccount, RBAC, ValidatingWebhookConfiguration")
 
         async def served() -> bool:
             return (await self.http.get(NM_PATH)).status_code == 200
 
         await until(served, 30, "the CRD to be served")
-        certs = self.workdir / "certs"
-        serving = self.sb.issue_serving_cert(certs, ["127.0.0.1", "localhost"])
-        cert_dir = self.workdir / "cert-dir"
-        cert_dir.mkdir()
-        (cert_dir / "apiserver.crt").write_bytes(serving.cert_file.read_bytes())
-        (cert_dir / "apiserver.key").write_bytes(serving.key_file.read_bytes())
-        port, probes = _port(), _port()
+        kubeconfig = await self.sb.service_account_kubeconfig(
+            c.OPERATOR_NAMESPACE, c.OPERATOR_SERVICE_ACCOUNT, self.workdir / "sa.kubeconfig"
+        )
+        can_i = await self.kubectl(
+            "auth", "can-i", "update", "leases", "-n", c.LEASE_NAMESPACE_DEFAULT,
+            f"--as=system:serviceaccount:{c.OPERATOR_NAMESPACE}:{c.OPERATOR_SERVICE_ACCOUNT}",
+        )  # fmt: skip
+        if can_i.strip() != "yes":
+            raise DemoFailed("the chart's ServiceAccount may not update leases")
         args = [
-            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(self.sb.kubeconfig),
-            "--leader-elect", "--leader-election-namespace", "default",
+            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(kubeconfig),
+            "--leader-elect", "--leader-election-namespace", c.OPERATOR_NAMESPACE,
             "--bind-address", "127.0.0.1", "--webhook-port", str(port),
             "--health-probe-port", str(probes), "--metrics-port", str(_port()),
             "--no-metrics-secure", "--cert-dir", str(cert_dir),
@@ -190,35 +204,26 @@ class Demo:
                 return False
 
         await until(ready, 60, "nmo to be ready")
-        ok(f"nmo is ready: curl -fsS http://127.0.0.1:{probes}/readyz answers ok")
-        webhook = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "nmo-demo"},
-            "webhooks": [
-                {
-                    "name": c.WEBHOOK_NAME,
-                    "admissionReviewVersions": ["v1"],
-                    "sideEffects": "None",
-                    "failurePolicy": "Fail",
-                    "clientConfig": {
-                        "url": f"https://127.0.0.1:{port}{c.WEBHOOK_PATH}",
-                        "caBundle": base64.b64encode(serving.ca_bundle).decode(),
-                    },
-                    "rules": [
-                        {
-                            "apiGroups": [c.GROUP],
-                            "apiVersions": [c.VERSION],
-                            "operations": ["CREATE", "UPDATE"],
-                            "resources": [c.PLURAL],
-                        }
-                    ],
-                }
-            ],
-        }
-        path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
-        await expect(await self.http.post(path, json=webhook), 201)
-        ok(f"webhook {c.WEBHOOK_NAME} registered at https://127.0.0.1:{port}")
+        ok(f"nmo is leader and ready: curl -fsS http://127.0.0.1:{probes}/readyz answers ok")
+
+    async def uninstall(self) -> None:
+        step("Uninstall the chart")
+        result = await self.sb.helm("uninstall", "nmo", "-n", c.OPERATOR_NAMESPACE, "--wait")
+        if result.returncode != 0:
+            raise DemoFailed(f"helm uninstall failed: {result.stderr.strip()}")
+        if (
+            "403"
+            in " ".join(
+                line
+                for line in self.nmo_log.read_text().splitlines()
+                if "forbidden" in line.lower()
+            )
+            or "forbidden" in self.nmo_log.read_text().lower()
+        ):
+            raise DemoFailed("nmo was refused something by its RBAC (see the nmo log)")
+        ok(
+            "uninstalled; the CRD stays (Helm convention); nmo needed nothing beyond the chart's RBAC"
+        )
 
     async def deploy(self) -> None:
         step(f"Deploy workloads preferring {NODE}: web (8 pods), db (3 pods, PDB maxUnavailable 1)")
@@ -407,6 +412,7 @@ async def main(directory: Path | None, *, keep: bool = False) -> int:
                 await demo.finish()
             finally:
                 await demo.stop()
+            await demo.uninstall()
             if keep:
                 console.print(f"\n--keep: sandbox left running in {sb.dir}; stop it with Ctrl-C")
                 await asyncio.Event().wait()

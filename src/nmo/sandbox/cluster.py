@@ -46,6 +46,7 @@ from nmo.sandbox.components import (
     command,
     component_env,
     kubeconfig_yaml,
+    token_kubeconfig_yaml,
     write_audit_policy,
 )
 from nmo.sandbox.errors import (
@@ -359,6 +360,56 @@ class Sandbox:
         deadline = time.monotonic() + (timeout or self.timeout)
         await self._wait_nodes(list(names), deadline)
 
+    async def service_account_kubeconfig(
+        self, namespace: str, name: str, path: Path | str, *, expiration: int = 3600
+    ) -> Path:
+        """A kubeconfig that authenticates as a ServiceAccount (TokenRequest API).
+
+        Used to run nmo outside the cluster with exactly the chart's RBAC.
+        """
+        async with self.client() as http:
+            resp = await http.post(
+                f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                json={
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": expiration},
+                },
+            )
+        if resp.status_code != 201:
+            raise SandboxError(
+                f"token request for {namespace}/{name}: {resp.status_code} {resp.text}"
+            )
+        token = str(resp.json()["status"]["token"])
+        text = token_kubeconfig_yaml(self.server, self.ca_file, f"{namespace}:{name}", token)
+        return _write_private(Path(path), text)
+
+    async def helm(
+        self, *args: str, home: Path | str | None = None, timeout: float = 300.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cached helm against this sandbox (its own cache/config dirs)."""
+        base = Path(home) if home is not None else self.dir / "helm"
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(base / "cache"),
+            "HELM_CONFIG_HOME": str(base / "config"),
+            "HELM_DATA_HOME": str(base / "data"),
+        }
+        argv = [str(self._binaries().path("helm")), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
+        return subprocess.CompletedProcess(
+            argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        )
+
     def issue_serving_cert(
         self, dir: Path | str, sans: Sequence[str], *, name: str = "webhook"
     ) -> ServingCert:
@@ -528,6 +579,13 @@ class Sandbox:
             previous(signum, frame)
         elif previous == signal.SIG_DFL:
             signal.raise_signal(signum)
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """Write a credential file readable only by its owner."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
 
 
 # -- the CLI's entry points ---------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "component_env",
     "kubeconfig_yaml",
     "stage_files",
+    "token_kubeconfig_yaml",
     "write_audit_policy",
 ]
 
@@ -223,6 +224,27 @@ def stage_files(bins: Binaries) -> list[Path]:
         bins.kwok_stage_dir / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
     ]
     return [*node, *sorted(_STAGES_DIR.glob("*.yaml"))]
+
+
+def token_kubeconfig_yaml(server: str, ca_file: Path, user: str, token: str) -> str:
+    """A kubeconfig that authenticates with a bearer token (JSON is valid YAML)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "nmo-sandbox",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_file.read_bytes()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "nmo-sandbox", "context": {"cluster": "nmo-sandbox", "user": user}}],
+        "current-context": "nmo-sandbox",
+    }
+    return json.dumps(config, indent=2)
 
 
 def kubeconfig_yaml(server: str, pki: PKI, *, user: str = "nmo-admin") -> str:
