@@ -288,7 +288,7 @@ async def test_pdb_blocks_then_relaxing_it_completes(
     assert "db-pdb" in st["lastError"]
 
     await api.merge(
-        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/db-pdb",
         {"spec": {"minAvailable": 0}},
     )
     nm = await wait_phase(api, name, "Succeeded", timeout=60)
@@ -419,11 +419,9 @@ async def test_node_deleted_collects_cr_and_lease(
     await wait_for(both_gone, timeout=60, what="CR garbage collected and lease released")
 
 
-async def test_operator_restart_mid_drain_converges(
-    operator: Operator, api: Api, namespace: str, node_factory: Any
-) -> None:
+async def pdb_blocked_maintenance(api: Api, ns: str, node_factory: Any) -> tuple[str, str]:
+    """A maintenance whose only pod is held by a PDB (minAvailable 1); returns (CR, node)."""
     (target,) = await node_factory(1)
-    ns = namespace
     await api.create(
         f"/apis/apps/v1/namespaces/{ns}/deployments",
         deployment("db", 1, {"app": "db"}, pod_spec({"kubernetes.io/hostname": target})),
@@ -445,9 +443,16 @@ async def test_operator_restart_mid_drain_converges(
         return bool(((obj or {}).get("status") or {}).get("pendingPodsDetails"))
 
     await wait_for(blocked, what="drain blocked by PDB")
+    return name, target
+
+
+async def test_operator_restart_mid_drain_converges(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    name, target = await pdb_blocked_maintenance(api, namespace, node_factory)
     operator.kill()
     await api.merge(
-        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/db-pdb",
         {"spec": {"minAvailable": 0}},
     )
     await operator.start()
@@ -462,35 +467,13 @@ async def test_operator_restart_mid_drain_converges(
 async def test_apiserver_restart_mid_drain_converges(
     operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Any
 ) -> None:
-    (target,) = await node_factory(1)
-    ns = namespace
-    await api.create(
-        f"/apis/apps/v1/namespaces/{ns}/deployments",
-        deployment("db", 1, {"app": "db"}, pod_spec({"kubernetes.io/hostname": target})),
-    )
-    await api.create(
-        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("db-pdb", {"app": "db"}, 1)
-    )
-
-    async def ready() -> bool:
-        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb")
-        return (budget or {}).get("status", {}).get("currentHealthy") == 1
-
-    await wait_for(ready, what="PDB computed")
-    name = f"nm-{uid()}"
-    await api.create_nm(name, target)
-
-    async def blocked() -> bool:
-        obj = await api.nm(name)
-        return bool(((obj or {}).get("status") or {}).get("pendingPodsDetails"))
-
-    await wait_for(blocked, what="drain blocked by PDB")
+    name, _node = await pdb_blocked_maintenance(api, namespace, node_factory)
     audit_before = sandbox.audit_log.read_text().count('"userAgent":"nmo/')
     await sandbox.restart_apiserver(downtime=3.0)
     async with sandbox.client() as fresh:
         again = Api(fresh)
         await again.merge(
-            f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/db-pdb",
+            f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/db-pdb",
             {"spec": {"minAvailable": 0}},
         )
         await wait_phase(again, name, "Succeeded", timeout=90)
