@@ -178,7 +178,12 @@ class LeaseClient:
                 if decision.action is Action.FOREIGN:
                     raise LeaseHeldError(decision.holder)
                 if decision.action is Action.CREATE:
-                    await self.kube.create(self.path(), build_lease(node, self.namespace, now))
+                    try:
+                        await self.kube.create(self.path(), build_lease(node, self.namespace, now))
+                    except NotFound:
+                        # The lease namespace was deleted under us: recreate it once.
+                        await self.ensure_namespace()
+                        await self.kube.create(self.path(), build_lease(node, self.namespace, now))
                 elif decision.action in (Action.RENEW, Action.TAKE_OVER):
                     assert lease is not None
                     await self.kube.replace(
