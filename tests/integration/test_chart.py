@@ -426,6 +426,61 @@ async def _metrics_are_guarded(kube: httpx.AsyncClient, op: Operator) -> None:
         assert refused.status_code == 403, refused.text
 
 
+async def test_with_nmo_down_creates_fail_closed_but_finalizers_can_be_removed(
+    sandbox: Sandbox, kube: httpx.AsyncClient, release: Release, sole_operator: None
+) -> None:
+    """The chart's matchConditions send only CREATE and nodeName changes to the webhook.
+
+    With no nmo serving the webhook, a new CR is refused (failurePolicy Fail),
+    but removing a stuck finalizer (the guide's section 6, ``nmo cleanup``)
+    still works, because that UPDATE never reaches the webhook.
+    """
+    api = Api(kube)
+    name = f"nm-stuck-{uuid.uuid4().hex[:6]}"
+    body = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": name, "finalizers": [c.FINALIZER]},
+        "spec": {"nodeName": "node-1"},
+    }
+    # No webhook server is running: CREATE fails closed.
+    refused = await kube.post(NM, json=body)
+    assert refused.status_code == 500, refused.text
+    assert "failed calling webhook" in refused.text
+    # Stand in for a CR created while nmo was up: create it under a brief Ignore policy.
+    vwc = (
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+        "node-maintenance-operator-validating-webhook-configuration"
+    )
+    patch = [{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]
+    headers = {"Content-Type": "application/json-patch+json"}
+    assert (await kube.patch(vwc, json=patch, headers=headers)).status_code == 200
+    try:
+
+        async def created() -> bool:
+            return (await kube.post(NM, json=body)).status_code in (201, 409)
+
+        await wait_for(created, timeout=30, what="the CR to be created with Ignore")
+    finally:
+        patch[0]["value"] = "Fail"
+        assert (await kube.patch(vwc, json=patch, headers=headers)).status_code == 200
+
+    async def failing_again() -> bool:
+        probe = {**body, "metadata": {"name": f"{name}-probe"}}
+        resp = await kube.post(NM, json=probe, params={"dryRun": "All"})
+        return resp.status_code == 500
+
+    await wait_for(failing_again, timeout=30, what="failurePolicy Fail to be effective again")
+    await api.delete(f"{NM}/{name}")
+    removed = await api.merge(f"{NM}/{name}", {"metadata": {"finalizers": []}})
+    assert removed["metadata"]["name"] == name
+
+    async def gone() -> bool:
+        return await api.nm(name) is None
+
+    await wait_for(gone, timeout=30, what="the stuck CR to go away once its finalizer is removed")
+
+
 async def test_upgrade_with_changed_values(
     sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm, release: Release
 ) -> None:

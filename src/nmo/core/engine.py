@@ -52,8 +52,22 @@ class EngineSettings:
     leader_renew_deadline: float = 10.0
     leader_retry_period: float = 2.0
     pod_event_debounce: float = 0.5
+    resync_period: float = 600.0
     identity: str = field(default_factory=default_identity)
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
+
+
+def _intent(obj: dict[str, Any]) -> tuple[Any, ...]:
+    """What a reconcile reacts to on a NodeMaintenance: all but the status."""
+    meta = obj.get("metadata") or {}
+    return (
+        obj.get("spec"),
+        meta.get("generation"),
+        meta.get("deletionTimestamp"),
+        meta.get("finalizers"),
+        meta.get("annotations"),
+        meta.get("ownerReferences"),
+    )
 
 
 def _pod_node(pod: dict[str, Any]) -> str | None:
@@ -136,6 +150,8 @@ class Engine:
 
     def _on_maintenance(self, event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         name = str(obj["metadata"]["name"])
+        if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
+            return  # a status-only change (most often our own write): nothing to do
         node = str((obj.get("spec") or {}).get("nodeName") or "")
         for prev in (old, obj):
             prev_node = str(((prev or {}).get("spec") or {}).get("nodeName") or "")
@@ -194,10 +210,18 @@ class Engine:
             async with asyncio.TaskGroup() as group:
                 for i in range(self.settings.max_concurrent_reconciles):
                     group.create_task(self._worker(), name=f"reconcile-worker:{i}")
+                group.create_task(self._resync(), name="resync")
         finally:
             self.leading = False
             self.metrics.is_leader.set(0)
             self.renewers.stop_all()
+
+    async def _resync(self) -> None:
+        """Level-based safety net: every CR is reconciled at least this often."""
+        while True:
+            await asyncio.sleep(self.settings.resync_period)
+            for name in list(self.maintenances.store):
+                self.queue.add(name)
 
     async def _worker(self) -> None:
         while True:

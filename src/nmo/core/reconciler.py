@@ -82,6 +82,7 @@ class Reconciler:
         self.settings = settings or ReconcilerSettings()
         self.clock = clock
         self._last_status_write: dict[str, float] = {}
+        self._last_written: dict[str, tuple[dict[str, Any], float]] = {}
         self._lease_held: set[str] = set()
 
     # -- helpers ---------------------------------------------------------
@@ -99,12 +100,27 @@ class Reconciler:
         return obj
 
     async def _write_status(self, raw: Obj, new: NodeMaintenanceStatus) -> Obj:
+        """Write the status unless nothing but lastUpdate would change.
+
+        Also skips a status identical to the one this process wrote last
+        (within a minute): a server that prunes fields it does not know (the
+        Go NMO's CRD has no pendingPodsDetails) must not cause a write per pass.
+        """
+        name = str(raw["metadata"]["name"])
+        current = NodeMaintenance.from_api(raw).status
+        fingerprint = new.model_dump(mode="json", exclude={"last_update"})
+        last = self._last_written.get(name)
+        if not status.differs(current, new) or (
+            last is not None and last[0] == fingerprint and time.monotonic() - last[1] < 60
+        ):
+            return raw
         body = {
             "metadata": {"resourceVersion": raw["metadata"]["resourceVersion"]},
             "status": status.status_patch(new),
         }
-        out = await self.kube.merge_patch(self._path(raw["metadata"]["name"], "status"), body)
-        self._last_status_write[str(raw["metadata"]["name"])] = time.monotonic()
+        out = await self.kube.merge_patch(self._path(name, "status"), body)
+        self._last_status_write[name] = time.monotonic()
+        self._last_written[name] = (fingerprint, time.monotonic())
         return self._remember(out)
 
     async def _node(self, name: str) -> Obj | None:
@@ -418,6 +434,7 @@ class Reconciler:
             pass
         await self.recorder.emit(raw, c.EVENT_REMOVED)
         self._last_status_write.pop(name, None)
+        self._last_written.pop(name, None)
         log.info("maintenance %s for node %s removed", name, node_name, extra=_ctx(nm))
         return DONE
 
