@@ -52,7 +52,7 @@ class PendingPodDetail(_Model):
     name: str = Field(description="Name of the pod.")
     reason: str = Field(
         description="Machine-readable reason: DisruptionBudget, NamespaceTerminating, "
-        "Terminating, MultiplePDBs, EvictionError or Waiting."
+        "MultiplePDBs, EvictionError, Terminating, Evicting or Waiting."
     )
     message: str = Field(default="", description="Human-readable explanation.")
     disruption_budget: str | None = Field(
