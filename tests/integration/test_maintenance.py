@@ -494,3 +494,71 @@ async def test_apiserver_restart_mid_drain_converges(
             "nmo died with the apiserver"
         )
         await remove_nm(again, name)
+
+
+async def test_adopts_a_maintenance_started_by_the_go_nmo(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    """A CR the Go NMO left Running: node cordoned, tainted, labelled, lease held."""
+    (target,) = await node_factory(1)
+    operator.kill()  # the Go NMO was in charge until now
+    await api.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"metadata": {"name": "left-behind"}, "spec": pod_spec(node_name=target)},
+    )
+    node = await api.node(target)
+    await api.merge(
+        f"/api/v1/nodes/{target}",
+        {
+            "metadata": {"labels": {LABEL: "true"}},
+            "spec": {
+                "unschedulable": True,
+                "taints": [
+                    *(node["spec"].get("taints") or []),
+                    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                    {"key": "medik8s.io/drain", "effect": "NoSchedule"},
+                ],
+            },
+        },
+    )
+    lease = foreign_lease(node, holder="node-maintenance")
+    await api.create("/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases", lease)
+    name = f"nm-{uid()}"
+    created = await api.create(
+        NM,
+        {
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name, "finalizers": ["foregroundDeleteNodeMaintenance"]},
+            "spec": {"nodeName": target},
+        },
+    )
+    # The Go NMO's status: Running, one pod pending, no nmo fields.
+    resp = await api.c.patch(
+        f"{NM}/{name}/status",
+        json={
+            "metadata": {"resourceVersion": created["metadata"]["resourceVersion"]},
+            "status": {
+                "phase": "Running",
+                "drainProgress": 0,
+                "evictionPods": 1,
+                "totalpods": 1,
+                "pendingPods": ["left-behind"],
+                "lastError": "global timeout reached: 30s",
+            },
+        },
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    await operator.start()  # nmo takes over
+    nm = await wait_phase(api, name, "Succeeded")
+    assert "lastError" not in nm["status"]
+    assert nm["status"]["evictionPods"] == 1  # NMO's figures are kept
+    assert len(await api.events(name, "BeginMaintenance")) == 0  # begun by NMO, not again
+    assert len(await api.events(name, "SucceedMaintenance")) == 1
+    await remove_nm(api, name)
+    after = await api.node(target)
+    assert not after["spec"].get("unschedulable"), "NMO's maintenance must end uncordoned"
+    assert not taint_keys(after) & TAINT_KEYS
+    assert LABEL not in after["metadata"]["labels"]
+    assert await api.lease(target) is None
