@@ -153,7 +153,16 @@ class LeaseClient:
         try:
             await self.kube.create(
                 api_path("v1", "namespaces"),
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {
+                        "name": self.namespace,
+                        # Shared with NHC and SNR: a Helm release that once
+                        # created this namespace must never delete it.
+                        "annotations": {"helm.sh/resource-policy": "keep"},
+                    },
+                },
             )
         except (AlreadyExists, Conflict):
             pass
