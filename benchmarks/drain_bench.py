@@ -208,6 +208,71 @@ async def run_size(sb: Sandbox, http: httpx.AsyncClient, nmo_pid: int, size: int
     }
 
 
+async def run_concurrent(sb: Sandbox, http: httpx.AsyncClient, count: int) -> dict[str, Any]:
+    """``count`` CRs at once, one node's only pod held by a PDB that never allows eviction.
+
+    NMO handles one CR at a time and blocks its worker 30 s per drain pass on
+    the blocked node, so the last of 50 waits about half an hour; nmo's
+    figure is the time until every other maintenance has Succeeded.
+    """
+    nodes = [f"c{count}-{i}" for i in range(count)]
+    for node in nodes:
+        await sb.create_node(node, wait=False)
+    await sb.wait_nodes_ready(nodes)
+    ns = f"bench-c{count}"
+    (await http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})).raise_for_status()
+    await until(lambda: _ok(http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")), 30, "SA")
+    for node in nodes:
+        await label(http, node, {f"bench-pool-{node}": "yes"})
+        body = deployment(f"app-{node}", 1, node)
+        (
+            await http.post(f"/apis/apps/v1/namespaces/{ns}/deployments", json=body)
+        ).raise_for_status()
+    blocked = nodes[0]
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "never"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": f"app-{blocked}"}}},
+    }
+    (
+        await http.post(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", json=pdb)
+    ).raise_for_status()
+
+    async def all_running() -> bool:
+        pods = (await http.get(f"/api/v1/namespaces/{ns}/pods")).json()["items"]
+        return sum(p["status"].get("phase") == "Running" for p in pods) == count
+
+    await until(all_running, 120, f"{count} pods")
+    spare = f"c{count}-spare"
+    await sb.create_node(spare)
+    await label(http, spare, {f"bench-pool-{n}": "yes" for n in nodes})
+    started = time.monotonic()
+    for node in nodes:
+        body = {
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": f"bench-{node}"},
+            "spec": {"nodeName": node},
+        }
+        (await http.post(NM, json=body)).raise_for_status()
+
+    async def others_done() -> bool:
+        items = (await http.get(NM)).json()["items"]
+        mine = {i["metadata"]["name"]: (i.get("status") or {}).get("phase") for i in items}
+        return all(mine.get(f"bench-{n}") == "Succeeded" for n in nodes[1:])
+
+    await until(others_done, 600, f"{count - 1} maintenances", interval=0.2)
+    elapsed = time.monotonic() - started
+    still = (await http.get(f"{NM}/bench-{blocked}")).json().get("status", {})
+    return {
+        "concurrent_crs": count,
+        "others_succeeded_seconds": round(elapsed, 2),
+        "blocked_phase": still.get("phase"),
+        "blocked_reason": ((still.get("pendingPodsDetails") or [{}])[0]).get("reason"),
+    }
+
+
 async def _ok(coro: Any) -> bool:
     return bool((await coro).status_code == 200)
 
@@ -216,7 +281,7 @@ async def _at_least(coro: Any, n: int) -> bool:
     return bool(await coro >= n)
 
 
-async def main(sizes: list[int]) -> int:
+async def main(sizes: list[int], concurrent: int) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="nmo-bench-") as tmp:
         async with Sandbox(Path(tmp) / "sandbox", nodes=1) as sb, sb.client() as http:
@@ -244,6 +309,9 @@ async def main(sizes: list[int]) -> int:
                     res = await run_size(sb, http, proc.pid, size)
                     results.append(res)
                     print(json.dumps(res), flush=True)
+                if concurrent:
+                    conc = await run_concurrent(sb, http, concurrent)
+                    print(json.dumps(conc), flush=True)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=20)
@@ -262,6 +330,10 @@ async def main(sizes: list[int]) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1000])
+    parser.add_argument(
+        "--concurrent", type=int, default=50, help="CRs at once, one PDB-blocked (0: skip)"
+    )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(asyncio.run(main(parser.parse_args().sizes)))
+    options = parser.parse_args()
+    sys.exit(asyncio.run(main(options.sizes, options.concurrent)))
