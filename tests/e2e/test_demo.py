@@ -28,7 +28,7 @@ def test_make_demo_story_passes() -> None:
     assert "every step behaved" in out
     for step in (
         "chart installed",
-        "denied the request: invalid nodeName, no node with name node-404 found",
+        "refused, nothing created",
         "phase=Succeeded progress=100%",
         "is schedulable again",
         "uninstalled",
