@@ -499,3 +499,82 @@ async def test_status_json_for_a_succeeded_maintenance(
         assert missing.returncode == 1 and "not found" in missing.stderr
     finally:
         await remove_nm(api, name)
+
+
+async def test_status_watch_shows_progress_of_a_pdb_slowed_drain(
+    operator: Operator, sandbox: Sandbox, api: Api, namespace: str, node_factory: Any
+) -> None:
+    """``nmo status --watch -o json`` prints every change, including partial progress.
+
+    Two pods are held by a PDB and a third is free to go, so the drain sits at
+    33 % until the PDB is relaxed.
+    """
+    (target,) = await node_factory(1)
+    labels = {"app": "held"}
+    await api.create(
+        f"/apis/apps/v1/namespaces/{namespace}/deployments",
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "held"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": pod_spec({"kubernetes.io/hostname": target}),
+                },
+            },
+        },
+    )
+    budget_path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    await api.create(budget_path, pdb("held", labels, 2))
+    await api.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {"metadata": {"name": "free"}, "spec": pod_spec(node_name=target)},
+    )
+
+    async def ready() -> bool:
+        got = await api.get(f"{budget_path}/held")
+        running = [
+            p
+            for p in await api.pods(namespace, node=target)
+            if p["status"].get("phase") == "Running"
+        ]
+        return (got or {}).get("status", {}).get("currentHealthy") == 2 and len(running) == 3
+
+    await wait_for(ready, what="3 running pods, 2 held by the PDB")
+    name = f"status-{uid()}"
+    await api.create_nm(name, target)
+    env = {k: v for k, v in os.environ.items() if k not in ("LEASE_NAMESPACE", "KUBECONFIG")}
+    watcher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "nmo", "status", name, "--watch", "-o", "json",
+        "--kubeconfig", str(sandbox.kubeconfig),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert watcher.stdout is not None
+    seen: list[tuple[str | None, int | None]] = []
+    relaxed = False
+    try:
+        async with asyncio.timeout(120):
+            while True:
+                line = await watcher.stdout.readline()
+                if not line:
+                    break
+                items = json.loads(line)["items"]
+                if not items:
+                    continue
+                phase, progress = items[0]["phase"], items[0]["drainProgress"]
+                seen.append((phase, progress))
+                if phase == "Running" and progress and 0 < progress < 100 and not relaxed:
+                    await api.merge(f"{budget_path}/held", {"spec": {"minAvailable": 0}})
+                    relaxed = True
+                if phase == "Succeeded":
+                    break
+    finally:
+        if watcher.returncode is None:
+            watcher.kill()
+        await watcher.wait()
+        await remove_nm(api, name)
+    assert relaxed, f"no intermediate progress state was shown: {seen}"
+    assert seen[-1] == ("Succeeded", 100), seen
