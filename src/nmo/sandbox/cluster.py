@@ -56,6 +56,8 @@ from nmo.sandbox.errors import (
     SandboxError,
     SandboxNotRunningError,
 )
+from nmo.sandbox.kwok_api import crds as kwok_crds
+from nmo.sandbox.kwok_api import write_exec_shims
 from nmo.sandbox.nodes import node_is_ready, node_manifest
 from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
 from nmo.sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, rss_kib, spawn
@@ -204,6 +206,9 @@ class Sandbox:
             self.timings["etcd"] = time.monotonic() - t0
             await self._start_component("kube-apiserver", bins, deadline, self._apiserver_ready)
             self.timings["kube-apiserver"] = time.monotonic() - t0
+            # kwok watches its debugging resources from the start (kwok_api.py).
+            async with self.client() as http:
+                await _create_kwok_crds(http)
             for name in COMPONENTS[2:]:
                 self._spawn(name, bins)
             await self._wait(
@@ -224,6 +229,15 @@ class Sandbox:
                     await _create_node(http, name, {})
             await self._wait_nodes(self.node_names, deadline)
             self.timings["nodes"] = time.monotonic() - t0
+            await self._wait(
+                "kwok",
+                "kwok's kubelet API /healthz",
+                lambda: self._healthz(self.ports.kwok),
+                deadline,
+            )
+            await self._wait(
+                "kube-apiserver", "kwok's CRDs to be established", self._kwok_crds_ready, deadline
+            )
             await self._wait(
                 "kube-controller-manager",
                 "the default ServiceAccount",
@@ -432,7 +446,8 @@ class Sandbox:
             d.mkdir(parents=True, exist_ok=True)
         self._pki = generate_pki(layout.pki_dir)
         self._ssl = None
-        self._ports = Ports(*free_ports(5))
+        self._ports = Ports(*free_ports(6))
+        write_exec_shims(layout.kwok_exec_path)
         layout.kubeconfig.write_text(kubeconfig_yaml(self.server, self._pki))
         layout.kubeconfig.chmod(0o600)
         write_audit_policy(layout)
@@ -497,6 +512,22 @@ class Sandbox:
         async with httpx.AsyncClient(verify=self._ssl_context(), timeout=2.0) as http:
             resp = await http.get(f"https://127.0.0.1:{port}/healthz")
         return resp.status_code == 200
+
+    async def _kwok_crds_ready(self) -> bool:
+        async with self.client(timeout=5.0) as http:
+            for crd in kwok_crds():
+                resp = await http.get(
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                    + crd["metadata"]["name"]
+                )
+                if resp.status_code != 200:
+                    return False
+                conditions = (resp.json().get("status") or {}).get("conditions") or []
+                if not any(
+                    c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+                ):
+                    return False
+        return True
 
     async def _default_sa_exists(self) -> bool:
         async with self.client(timeout=5.0) as http:
@@ -620,6 +651,15 @@ def env(dir: Path | str) -> str:
         f"export KUBECONFIG={shlex.quote(state['kubeconfig'])}\n"
         f"export PATH={shlex.quote(state['bin_dir'])}:$PATH\n"
     )
+
+
+async def _create_kwok_crds(http: httpx.AsyncClient) -> None:
+    for crd in kwok_crds():
+        resp = await http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
+        if resp.status_code not in (201, 409):
+            raise SandboxError(
+                f"creating CRD {crd['metadata']['name']}: HTTP {resp.status_code} {resp.text}"
+            )
 
 
 async def _create_node(

@@ -8,21 +8,32 @@ tested on their own; :mod:`nmo.sandbox.cluster` runs them.
 The flags follow controller-runtime's envtest and kwokctl's binary runtime,
 trimmed to one machine: everything binds to 127.0.0.1, one throw-away CA,
 admin client-certificate auth for every component, no leader election.
+
+kwok also plays the kubelet of every node for ``kubectl logs`` and ``kubectl
+exec`` (see :mod:`nmo.sandbox.kwok_api`): it serves the kubelet API on
+``127.0.0.1:<ports.kwok>`` with the apiserver's 127.0.0.1 certificate, and
+gives every node that address (``--node-ip``) and port (``--node-port``,
+written to ``status.daemonEndpoints``). The apiserver dials a node's
+InternalIP, verifies it against the sandbox CA and authenticates with the
+admin client certificate, as kubeadm's apiserver-kubelet-client does.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nmo.sandbox.binaries import Binaries
+from nmo.sandbox.kwok_api import KINDS as KWOK_KINDS
 from nmo.sandbox.pki import PKI
 
 __all__ = [
     "COMPONENTS",
     "KWOK_NODE_ANNOTATION",
+    "NODE_IP",
     "POD_CIDR",
     "SERVICE_CIDR",
     "Layout",
@@ -40,6 +51,8 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# Every kwok node's InternalIP: where the apiserver finds kwok's kubelet API.
+NODE_IP = "127.0.0.1"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _STAGES_DIR = Path(__file__).parent / "stages"
 
@@ -93,6 +106,11 @@ class Layout:
     def audit_log(self) -> Path:
         return self.logs_dir / "audit.log"
 
+    @property
+    def kwok_exec_path(self) -> Path:
+        """The wrappers kwok finds first on its PATH for ``kubectl exec`` (kwok_api.py)."""
+        return self.run_dir / "kwok" / "exec-bin"
+
     def log(self, component: str) -> Path:
         return self.logs_dir / f"{component}.log"
 
@@ -118,6 +136,7 @@ class Ports:
     apiserver: int
     controller_manager: int
     scheduler: int
+    kwok: int  # kwok's kubelet API (kubectl logs/exec)
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
@@ -162,6 +181,11 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
             f"--service-account-signing-key-file={pki.sa_key_file}",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
+            # kubectl logs/exec: the apiserver calls kwok as each node's kubelet.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-certificate-authority={pki.ca_file}",
+            f"--kubelet-client-certificate={pki.admin_cert_file}",
+            f"--kubelet-client-key={pki.admin_key_file}",
             f"--audit-policy-file={layout.audit_policy}",
             f"--audit-log-path={layout.audit_log}",
             "--audit-log-maxsize=0",
@@ -201,6 +225,12 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
             f"--manage-nodes-with-annotation-selector={annotation}",
             "--node-lease-duration-seconds=40",
             f"--cidr={POD_CIDR}",
+            f"--node-ip={NODE_IP}",
+            f"--node-port={ports.kwok}",
+            f"--server-address={NODE_IP}:{ports.kwok}",
+            f"--tls-cert-file={pki.serving_cert_file}",
+            f"--tls-private-key-file={pki.serving_key_file}",
+            f"--enable-crds={','.join(KWOK_KINDS)}",
             *(f"--config={p}" for p in stage_files(bins)),
         ]
     raise ValueError(f"unknown sandbox component {name!r}")
@@ -209,8 +239,13 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
 def component_env(name: str, layout: Layout) -> dict[str, str]:
     """Extra environment of a component."""
     if name == "kwok":
-        # Keep kwok from also loading ~/.kwok/kwok.yaml.
-        return {"KWOK_WORKDIR": str(layout.run_dir / "kwok")}
+        path = os.environ.get("PATH") or os.defpath
+        return {
+            # Keep kwok from also loading ~/.kwok/kwok.yaml.
+            "KWOK_WORKDIR": str(layout.run_dir / "kwok"),
+            # `kubectl exec` commands are looked up here first (kwok_api.py).
+            "PATH": f"{layout.kwok_exec_path}:{path}",
+        }
     return {}
 
 
