@@ -27,8 +27,16 @@ Obj = dict[str, Any]
 def review(operation: str = "CREATE", *, obj: Obj | None = None, old: Obj | None = None) -> Obj:
     request: Obj = {
         "uid": "req-1",
-        "kind": {"group": "nodemaintenance.medik8s.io", "version": "v1beta1", "kind": "NM"},
-        "resource": {"group": "nodemaintenance.medik8s.io", "version": "v1beta1"},
+        "kind": {
+            "group": "nodemaintenance.medik8s.io",
+            "version": "v1beta1",
+            "kind": "NodeMaintenance",
+        },
+        "resource": {
+            "group": "nodemaintenance.medik8s.io",
+            "version": "v1beta1",
+            "resource": "nodemaintenances",
+        },
         "name": "nm",
         "operation": operation,
         "userInfo": {"username": "admin"},

@@ -7,7 +7,10 @@ pydantic, and the rules (:mod:`nmo.webhooks.validators`) never see JSON.
 
 Guarantees: :func:`parse_review` either returns a validated review or raises
 :class:`MalformedReview` carrying the request uid when one could be read (the
-caller can then still answer with a proper review); :func:`review_response`
+caller can then still answer with a proper review), whatever the bytes (bad
+UTF-8, absurd nesting, huge numbers included); :func:`wrong_target` names what
+was expected when a review is about anything but a NodeMaintenance;
+:func:`review_response`
 always produces ``apiVersion``, ``kind``, ``response.uid``, ``response.allowed``
 and, for denials, ``status {code, reason, message}`` as controller-runtime
 does (403 Forbidden for a rule, 400 BadRequest for an unusable request).
@@ -20,6 +23,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from nmo.api.constants import GROUP, KIND, PLURAL
 from nmo.webhooks.validators import Decision
 
 ADMISSION_V1: Final = "admission.k8s.io/v1"
@@ -122,8 +126,10 @@ def parse_review(body: bytes) -> AdmissionReview:
         raise MalformedReview("request body is empty")
     try:
         data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # also bad UTF-8 and integers of thousands of digits
         raise MalformedReview(f"request body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise MalformedReview("request body is not JSON: nested too deeply") from exc
     if not isinstance(data, dict):
         raise MalformedReview("request body is not a JSON object")
     request = data.get("request")
@@ -138,6 +144,43 @@ def parse_review(body: bytes) -> AdmissionReview:
         raise MalformedReview(
             f"malformed AdmissionReview: {_summarise(exc)}", uid=uid, api_version=answer_version
         ) from exc
+
+
+def _group(api_version: object) -> str | None:
+    if not isinstance(api_version, str):
+        return None
+    return api_version.rpartition("/")[0] if "/" in api_version else ""
+
+
+def wrong_target(request: AdmissionRequest) -> str | None:
+    """Why the request is not about a NodeMaintenance, or None when it is.
+
+    Fields left empty (hand-made reviews) are not held against the request;
+    what is filled in must name NodeMaintenance.
+    """
+    expected = f"this webhook validates {KIND} ({GROUP}, resource {PLURAL})"
+    kind = request.kind
+    if kind.kind and (kind.kind, kind.group) != (KIND, GROUP):
+        got = f"{kind.kind} ({kind.group or 'core'})"
+        return f"AdmissionReview is for kind {_clip(got)}, {expected}"
+    resource = request.resource
+    if resource.resource and (resource.resource, resource.group) != (PLURAL, GROUP):
+        got = f"{resource.resource} ({resource.group or 'core'})"
+        return f"AdmissionReview is for resource {_clip(got)}, {expected}"
+    for field, obj in (("object", request.object), ("oldObject", request.old_object)):
+        if obj is None:
+            continue
+        obj_kind, api_version = obj.get("kind"), obj.get("apiVersion")
+        if (obj_kind is not None and obj_kind != KIND) or (
+            api_version is not None and _group(api_version) != GROUP
+        ):
+            got = f"{obj_kind} ({api_version})"
+            return f"request.{field} is a {_clip(got)}, {expected}"
+    return None
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def review_response(

@@ -8,8 +8,12 @@ state and tests build as many apps as they like.
 Guarantees of the webhook app (behavior.md A6):
 
 * ``POST`` :data:`nmo.api.constants.WEBHOOK_PATH` answers every review whose
-  ``request.uid`` can be read with a well-formed AdmissionReview (HTTP 200),
-  and anything else with HTTP 400 and a plain-text reason;
+  ``request.uid`` can be read with a well-formed AdmissionReview (HTTP 200;
+  a review about anything but a NodeMaintenance is denied with 400 BadRequest
+  naming what was expected), and anything else with a 4xx and a plain-text
+  reason: 415 for a body that is not ``application/json``, 413 for one over
+  3 MiB (never read past the limit, see :mod:`nmo.webhooks.intake`), 400 for
+  the rest. Whatever the bytes, the answer is never a 5xx;
 * every answer is counted in ``nmo_webhook_admissions_total{operation,result}``
   and timed in ``nmo_webhook_admission_duration_seconds``;
 * every decision is logged with the node name and the word "maintenance", so
@@ -25,24 +29,34 @@ restarting one that crashes after a short pause.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nmo.api.constants import WEBHOOK_NAME, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
-from nmo.webhooks.admission import AdmissionRequest, MalformedReview, parse_review, review_response
+from nmo.webhooks.admission import (
+    AdmissionRequest,
+    MalformedReview,
+    parse_review,
+    review_response,
+    wrong_target,
+)
+from nmo.webhooks.intake import MAX_BODY_BYTES, Unacceptable, read_review_body
 from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
 from nmo.webhooks.probes import Probes, probes_router
 from nmo.webhooks.validators import (
     Decision,
     Lookups,
     node_name_of,
+    shown_name,
     validate_create,
     validate_update,
 )
@@ -53,6 +67,7 @@ Background = Callable[[], Awaitable[None]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 _RESTART_DELAY = 5.0
+_TEXT = "text/plain; charset=utf-8"
 
 
 async def _supervise(name: str, run: Background) -> None:
@@ -98,16 +113,34 @@ def _bare_app(title: str, background: Mapping[str, Background] | None) -> FastAP
 
 async def decide(request: AdmissionRequest, lookups: Lookups) -> Decision:
     """Run the rule set that applies to the request's operation."""
+    problem = wrong_target(request)
+    if problem is not None:
+        return Decision.bad_request(problem)
     new = request.object or {}
     if request.operation == "CREATE":
-        meta = new.get("metadata") or {}
+        meta = new.get("metadata")
         # The object's uid is already assigned when validating webhooks run;
         # the review uid is the fallback for hand-made reviews.
-        claimant = str(meta.get("uid") or request.uid)
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        claimant = uid if isinstance(uid, str) and uid else request.uid
         return await validate_create(new, lookups, claimant=claimant, dry_run=request.dry_run)
     if request.operation == "UPDATE":
         return validate_update(request.old_object, new)
     return Decision.allow()
+
+
+def _text(message: str, status_code: int, *, close: bool = False) -> Response:
+    # errors="replace": the message may quote input that is not valid UTF-8.
+    headers = {"Connection": "close"} if close else None
+    body = (message + "\n").encode("utf-8", errors="replace")
+    return Response(body, status_code=status_code, media_type=_TEXT, headers=headers)
+
+
+def _review(answer: dict[str, Any]) -> Response:
+    # ASCII-only JSON: a uid or message echoed from the request may hold lone
+    # surrogates, which cannot be encoded as UTF-8 but can be escaped.
+    body = json.dumps(answer, separators=(",", ":")).encode("ascii")
+    return Response(body, media_type="application/json")
 
 
 def create_webhook_app(
@@ -115,33 +148,37 @@ def create_webhook_app(
     lookups: Lookups,
     metrics: Metrics,
     background: Mapping[str, Background] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The validating webhook ``vnodemaintenance.kb.io``."""
     app = _bare_app("nmo webhook", background)
 
+    def refused(message: str, uid: str | None, **log_extra: Any) -> None:
+        log.warning(
+            "unusable maintenance admission request: %s",
+            message,
+            extra={"webhook": WEBHOOK_NAME, "uid": uid, **log_extra},
+        )
+        metrics.webhook_admissions.labels(operation="UNKNOWN", result="error").inc()
+
     @app.post(WEBHOOK_PATH)
     async def review(http_request: Request) -> Response:
         started = time.perf_counter()
-        operation = "UNKNOWN"
         try:
-            body = await http_request.body()
+            try:
+                body = await read_review_body(http_request, limit=max_body_bytes)
+            except Unacceptable as exc:
+                refused(exc.message, None, status=exc.status_code)
+                return _text(exc.message, exc.status_code, close=exc.close)
             try:
                 parsed = parse_review(body)
             except MalformedReview as exc:
-                log.warning(
-                    "malformed maintenance admission review: %s",
-                    exc.message,
-                    extra={"webhook": WEBHOOK_NAME, "uid": exc.uid},
-                )
-                metrics.webhook_admissions.labels(operation=operation, result="error").inc()
+                refused(exc.message, exc.uid)
                 if exc.uid is None:
-                    return PlainTextResponse(exc.message + "\n", status_code=400)
-                answer = review_response(
-                    exc.uid, Decision.bad_request(exc.message), api_version=exc.api_version
-                )
-                return JSONResponse(answer)
+                    return _text(exc.message, 400)
+                decision = Decision.bad_request(exc.message)
+                return _review(review_response(exc.uid, decision, api_version=exc.api_version))
             request = parsed.request
-            operation = request.operation
             try:
                 decision = await decide(request, lookups)
             except Exception as exc:
@@ -150,10 +187,10 @@ def create_webhook_app(
                 )
                 decision = Decision(False, f"internal error: {exc}", 500, "InternalError", "error")
             _log_decision(request, decision)
-            metrics.webhook_admissions.labels(operation=operation, result=decision.result).inc()
-            return JSONResponse(
-                review_response(request.uid, decision, api_version=parsed.api_version)
-            )
+            metrics.webhook_admissions.labels(
+                operation=request.operation, result=decision.result
+            ).inc()
+            return _review(review_response(request.uid, decision, api_version=parsed.api_version))
         finally:
             metrics.webhook_latency.observe(time.perf_counter() - started)
 
@@ -162,11 +199,13 @@ def create_webhook_app(
 
 def _log_decision(request: AdmissionRequest, decision: Decision) -> None:
     obj = request.object or request.old_object or {}
-    node = node_name_of(obj) or "<none>"
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    node = shown_name(node_name_of(obj)) or "<none>"
     extra = {
         "webhook": WEBHOOK_NAME,
         "operation": request.operation,
-        "cr": request.name or (obj.get("metadata") or {}).get("name", ""),
+        "cr": shown_name(request.name or (name if isinstance(name, str) else "")),
         "node": node,
         "uid": request.uid,
         "user": request.user_info.username,

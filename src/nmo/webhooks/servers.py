@@ -7,6 +7,9 @@ main; here each server is a task in the one asyncio loop:
 
 * sockets are bound by nmo (so a taken port is a clear ``OSError`` from
   :meth:`Servers.start`, and port 0 works in tests), then handed to uvicorn;
+  their connections send small writes at once (no Nagle, see :func:`bind`)
+  and stay open while idle longer than the apiserver keeps them, so it is
+  never the server that closes a connection a request is on its way to;
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
 * TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
@@ -67,6 +70,11 @@ class ServerSettings:
     cert_poll_interval: float = 5.0
     metrics_auth_cache_ttl: float = 60.0
     graceful_shutdown_seconds: int = 5
+    # Longer than the clients' own idle timeout (Go's transports, the
+    # kube-apiserver's included, drop idle connections after 90 s): the client
+    # must be the side that closes, or a request sent on a connection the
+    # server is closing that instant fails ("EOF"), a failed admission.
+    keep_alive_seconds: int = 120
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -78,13 +86,30 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (IPv6 dual-stack for ``::``)."""
-    if ":" in host:
-        dual = host in ("::", "") and socket.has_dualstack_ipv6()
-        return socket.create_server(
-            (host, port), family=socket.AF_INET6, backlog=2048, dualstack_ipv6=dual
-        )
-    return socket.create_server((host, port), backlog=2048)
+    """A listening TCP socket (IPv6 dual-stack for ``::``) whose connections
+    send small writes at once.
+
+    asyncio turns Nagle's algorithm off only for sockets whose ``proto`` is
+    ``IPPROTO_TCP``, and ``socket.create_server`` leaves it 0; every accepted
+    connection would then hold a response's second segment (uvicorn writes
+    headers and body separately, TLS adds session tickets) until the client's
+    delayed ACK, 40 ms later.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Inherited by accepted sockets on Linux; asyncio sets it again anyway.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if family == socket.AF_INET6:
+            dual = host in ("::", "") and socket.has_dualstack_ipv6()
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual else 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class WebhookState:
@@ -231,6 +256,7 @@ class Servers:
             proxy_headers=False,
             server_header=False,
             timeout_graceful_shutdown=s.graceful_shutdown_seconds,
+            timeout_keep_alive=s.keep_alive_seconds,
             **options,
         )
         sock = bind(s.bind_address, port)

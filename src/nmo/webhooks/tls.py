@@ -12,8 +12,8 @@ certificate, while open connections finish with the old one.
 Guarantees: TLS 1.2 or newer; ALPN offers only ``http/1.1`` (HTTP/2 is off:
 uvicorn's h11 protocol does not serve it, and controller-runtime disables it
 by default since CVE-2023-44487); a half-written or mismatched pair during a
-rotation is logged and the previous certificate stays in use until the next
-poll finds a good pair.
+rotation is logged and the previous certificate and key stay in use, intact,
+until the next poll finds a good pair (:func:`load_pair_safely`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import ipaddress
 import logging
 import os
 import ssl
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,6 +77,26 @@ def new_server_context() -> ssl.SSLContext:
     return ctx
 
 
+def load_pair_safely(context: ssl.SSLContext, cert_file: Path, key_file: Path) -> None:
+    """Put the pair into ``context``, or raise and leave ``context`` as it was.
+
+    ``SSLContext.load_cert_chain`` is not atomic: OpenSSL installs the new
+    certificate first and drops a private key that does not match it, so a
+    pair caught mid-rotation (new certificate, old key) would leave the live
+    context with no key at all and fail every handshake. The files are read
+    once, a scratch context must accept exactly those bytes, and only then
+    are they loaded into the live one (private copies, so a rotation that goes
+    on meanwhile cannot slip a different pair in between).
+    """
+    cert_pem, key_pem = cert_file.read_bytes(), key_file.read_bytes()
+    with tempfile.TemporaryDirectory(prefix="nmo-cert-") as tmp:  # mode 0700
+        cert_copy, key_copy = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        cert_copy.write_bytes(cert_pem)
+        key_copy.write_bytes(key_pem)
+        new_server_context().load_cert_chain(cert_copy, key_copy)
+        context.load_cert_chain(cert_copy, key_copy)
+
+
 class ReloadingCertificate:
     """An SSLContext whose certificate follows the files in a directory."""
 
@@ -100,7 +121,7 @@ class ReloadingCertificate:
             self.cert_dir, cert_name=self.cert_name, key_name=self.key_name
         )
         identity = (_identity(cert_file), _identity(key_file))
-        self.context.load_cert_chain(cert_file, key_file)
+        load_pair_safely(self.context, cert_file, key_file)
         first = self.loaded is None
         self.loaded, self._identity = (cert_file, key_file), identity
         if not first:

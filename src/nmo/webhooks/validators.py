@@ -9,9 +9,10 @@ so unit tests drive them with a table of fakes and the HTTP adapter
 
 Guarantees:
 
-* CREATE checks run in NMO's order: node exists, no NodeMaintenance for the
-  node (one being deleted counts), then the OpenShift etcd quorum check for
-  control-plane nodes; the first failing rule decides the message.
+* CREATE checks run in NMO's order: node exists (a name no Node can have is
+  refused without a lookup), no NodeMaintenance for the node (one being
+  deleted counts), then the OpenShift etcd quorum check for control-plane
+  nodes; the first failing rule decides the message.
 * A lookup failure always denies, with a ``..., please try again: <err>`` text.
 * The duplicate check claims the node through :meth:`Lookups.claim_node`; a
   claim is released again whenever this function ends up denying, so a denied
@@ -21,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +118,22 @@ def node_name_of(obj: Obj | None) -> str:
         return ""
     value = spec.get("nodeName")
     return value if isinstance(value, str) else ""
+
+
+# Node names are RFC 1123 subdomains (apimachinery's IsDNS1123Subdomain).
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_MAX_NAME = 253
+
+
+def valid_node_name(name: str) -> bool:
+    """Whether a Node could have this name; no lookup is made for one that could not
+    (it could also reach the API as a path like ``../namespaces``)."""
+    return len(name) <= _MAX_NAME and _SUBDOMAIN.fullmatch(name) is not None
+
+
+def shown_name(name: str) -> str:
+    """A name as quoted in messages and logs, cut short when absurdly long."""
+    return name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
 
 
 def is_control_plane(node: Obj) -> bool:
@@ -222,6 +240,8 @@ async def validate_create(
     node_name = node_name_of(new)
     if not node_name:
         return Decision.bad_request("spec.nodeName is required")
+    if not valid_node_name(node_name):
+        return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=shown_name(node_name)))
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
