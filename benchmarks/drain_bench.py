@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,27 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from procstats import free_port, rss_mib
 
 from nmo.api.crd import crd
 from nmo.sandbox import Sandbox
 
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except FileNotFoundError:
-        pass
-    return 0.0
 
 
 def count_requests(audit: Path, offset: int, agent_prefix: str) -> tuple[int, dict[str, Any]]:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from procstats import free_port, rss_mib
 
 from nmo.api import constants as c
 from nmo.api.crd import crd
@@ -59,22 +60,6 @@ NODE = "bench-webhook-node"
 TIMEOUT = 5.0
 PREWARM = 32  # keep-alive connections open before the load starts
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except FileNotFoundError:
-        pass
-    return 0.0
 
 
 def cpu_seconds(pid: int) -> float:
