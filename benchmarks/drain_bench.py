@@ -34,6 +34,7 @@ from procstats import free_port, rss_mib
 
 from nmo.api.crd import crd
 from nmo.sandbox import Sandbox
+from nmo.sandbox.manifests import deployment, pod_spec
 
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
 
@@ -80,25 +81,8 @@ async def until(check: Any, timeout: float, what: str, interval: float = 0.1) ->
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def deployment(name: str, replicas: int, pool: str) -> dict[str, Any]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "nodeSelector": {f"bench-pool-{pool}": "yes"},
-                    "containers": [{"name": "app", "image": "registry.example/app"}],
-                },
-            },
-        },
-    }
+def pool_deployment(name: str, replicas: int, pool: str) -> dict[str, Any]:
+    return deployment(name, replicas, pod_spec(node_selector={f"bench-pool-{pool}": "yes"}))
 
 
 async def running_on(http: httpx.AsyncClient, node: str) -> int:
@@ -134,7 +118,7 @@ async def run_size(sb: Sandbox, http: httpx.AsyncClient, nmo_pid: int, size: int
     for node in (a, b):
         resp = await http.post(
             f"/apis/apps/v1/namespaces/{ns}/deployments",
-            json=deployment(f"app-{node}", size, node),
+            json=pool_deployment(f"app-{node}", size, node),
         )
         resp.raise_for_status()
     for node in (a, b):
@@ -208,7 +192,7 @@ async def run_concurrent(sb: Sandbox, http: httpx.AsyncClient, count: int) -> di
     await until(lambda: _ok(http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")), 30, "SA")
     for node in nodes:
         await label(http, node, {f"bench-pool-{node}": "yes"})
-        body = deployment(f"app-{node}", 1, node)
+        body = pool_deployment(f"app-{node}", 1, node)
         (
             await http.post(f"/apis/apps/v1/namespaces/{ns}/deployments", json=body)
         ).raise_for_status()

@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 
+from nmo.sandbox import manifests
+
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"
 
@@ -41,16 +43,7 @@ def pod_spec(
 def deployment(
     name: str, replicas: int, labels: dict[str, str], spec: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": spec},
-        },
-    }
+    return manifests.deployment(name, replicas, spec, labels)
 
 
 def pdb(name: str, labels: dict[str, str], min_available: int) -> dict[str, Any]:

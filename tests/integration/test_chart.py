@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
 from nmo.sandbox import Sandbox
+from nmo.sandbox.process import run_command
 
 if TYPE_CHECKING:
     from conftest import NodeFactory
@@ -90,20 +90,6 @@ EVERYTHING_ON = [
 # -- helpers -------------------------------------------------------------------
 
 
-async def run(
-    argv: Sequence[str], *, input: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(input.encode() if input else None), 120)
-    return subprocess.CompletedProcess(list(argv), proc.returncode or 0, out.decode(), err.decode())
-
-
 @dataclass
 class Helm:
     sandbox: Sandbox
@@ -111,14 +97,7 @@ class Helm:
     kube_version: str
 
     async def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_DATA_HOME": str(self.home / "data"),
-        }
-        argv = [str(self.sandbox.bin_dir / "helm"), f"--kubeconfig={self.sandbox.kubeconfig}"]
-        return await run([*argv, *args], env=env)
+        return await self.sandbox.helm(*args, home=self.home, timeout=120)
 
     async def template(self, *values: str) -> str:
         result = await self(
@@ -620,7 +599,7 @@ async def test_schema_rejects_bad_values(helm: Helm, values: list[str], complain
 @pytest.fixture(scope="module")
 async def cert_manager_crds(sandbox: Sandbox) -> None:
     """cert-manager's CRDs from its Go module (hack/cert-manager-crds.sh caches them)."""
-    fetched = await run(["bash", str(CERT_MANAGER_CRDS)])
+    fetched = await run_command(["bash", str(CERT_MANAGER_CRDS)], timeout=300)
     if fetched.returncode != 0:
         pytest.fail(f"cannot get cert-manager's CRDs:\n{fetched.stderr}", pytrace=False)
     crd_dir = fetched.stdout.strip().splitlines()[-1]

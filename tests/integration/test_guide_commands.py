@@ -58,6 +58,7 @@ from nmo.api import constants as c
 from nmo.sandbox import Sandbox
 from nmo.sandbox.kwok_api import API_VERSION as KWOK_API
 from nmo.sandbox.kwok_api import POD_ROOT_ENV, cri_log_line
+from nmo.sandbox.process import run_command
 
 if TYPE_CHECKING:
     from conftest import NodeFactory
@@ -143,20 +144,7 @@ class Shell:
         self, command: str, timeout: float = 60, **placeholders: str
     ) -> subprocess.CompletedProcess[str]:
         line = fill(command, **placeholders)
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", line, cwd=ROOT, env=self.env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        result = subprocess.CompletedProcess(
-            line, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        result = await run_command(["bash", "-c", line], cwd=ROOT, env=self.env, timeout=timeout)
         with self.transcript.open("a") as fh:
             fh.write(describe(result) + "\n")
         return result

@@ -11,35 +11,20 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from operator_fixtures import wait_for as until
 
-from nmo.sandbox import Sandbox
+from nmo.sandbox import Sandbox, manifests
 
 if TYPE_CHECKING:
     from conftest import NodeFactory
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 Json = dict[str, Any]
-
-
-async def until(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, what: str = "condition"
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def get_json(kube: httpx.AsyncClient, path: str, **params: str) -> Json:
@@ -74,22 +59,7 @@ def is_running(pod: Json) -> bool:
 
 
 def deployment(name: str, replicas: int, node_selector: dict[str, str] | None = None) -> Json:
-    spec: Json = {
-        "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
-        "terminationGracePeriodSeconds": 1,
-    }
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
-        },
-    }
+    return manifests.deployment(name, replicas, manifests.pod_spec(node_selector=node_selector))
 
 
 async def running_pods(

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from operator_fixtures import wait_for as until
 
 from nmo.api.constants import (
     CONTROL_PLANE_ROLE_LABEL,
@@ -42,26 +42,12 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 Json = dict[str, Any]
 NM = MAINTENANCES_PATH
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 OPENSHIFT_CRD = "clusterversions.config.openshift.io"
 DENIED = f'admission webhook "{WEBHOOK_NAME}" denied the request: '
-
-
-async def until(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 60.0, what: str = "condition"
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 def nm(name: str, node: str) -> Json:

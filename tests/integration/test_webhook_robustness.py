@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from cryptography import x509
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from operator_fixtures import free_port
+from operator_fixtures import wait_for as until
 
 from nmo.api import constants as c
 from nmo.api.crd import crd
@@ -92,19 +93,6 @@ def admission(node: str, *, dry_run: bool = True, operation: str = "CREATE") -> 
 
 def client_context(ca_file: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_file))
-
-
-async def until(
-    probe: Callable[[], Awaitable[Any]], *, timeout: float = 30.0, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def install_crd(kube: httpx.AsyncClient) -> None:

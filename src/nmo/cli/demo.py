@@ -31,6 +31,7 @@ from rich.text import Text
 
 from nmo.api import constants as c
 from nmo.sandbox import Sandbox, SandboxError
+from nmo.sandbox.manifests import deployment, pod_spec, prefer_node
 
 T = TypeVar("T")
 NM_PATH = f"/apis/{c.API_VERSION}/{c.PLURAL}"
@@ -78,41 +79,7 @@ async def expect(resp: httpx.Response, *codes: int) -> dict[str, Any]:
 
 def workloads() -> list[tuple[str, dict[str, Any]]]:
     def deploy(name: str, replicas: int) -> dict[str, Any]:
-        labels = {"app": name}
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": replicas,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 4,
-                        "affinity": {
-                            "nodeAffinity": {
-                                "preferredDuringSchedulingIgnoredDuringExecution": [
-                                    {
-                                        "weight": 100,
-                                        "preference": {
-                                            "matchExpressions": [
-                                                {
-                                                    "key": "kubernetes.io/hostname",
-                                                    "operator": "In",
-                                                    "values": [NODE],
-                                                }
-                                            ]
-                                        },
-                                    }
-                                ]
-                            }
-                        },
-                        "containers": [{"name": "app", "image": "registry.example/" + name}],
-                    },
-                },
-            },
-        }
+        return deployment(name, replicas, pod_spec(grace=4, affinity=prefer_node(NODE)))
 
     pdb = {
         "apiVersion": "policy/v1",

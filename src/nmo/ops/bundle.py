@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nmo.api import constants as c
+from nmo.core.selectors import selector_matches
 
 Obj = dict[str, Any]
 
@@ -109,26 +110,6 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * scale[u] for n, u in parts)
 
 
-def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
-    """Whether a LabelSelector matches labels (a PDB's empty selector matches all pods)."""
-    if selector is None:
-        return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op = expr.get("key", ""), expr.get("operator", "")
-        values = expr.get("values") or []
-        if (
-            (op == "In" and labels.get(key) not in values)
-            or (op == "NotIn" and key in labels and labels[key] in values)
-            or (op == "Exists" and key not in labels)
-            or (op == "DoesNotExist" and key in labels)
-        ):
-            return False
-    return True
-
-
 def pdbs_covering(pdbs: list[Obj], pods: list[Obj]) -> list[tuple[Obj, list[str]]]:
     """PDBs that select at least one of ``pods`` (same namespace), with the pods."""
     out: list[tuple[Obj, list[str]]] = []
@@ -139,7 +120,7 @@ def pdbs_covering(pdbs: list[Obj], pods: list[Obj]) -> list[tuple[Obj, list[str]
             f"{ns}/{p['metadata']['name']}"
             for p in pods
             if p["metadata"].get("namespace") == ns
-            and selector_matches(selector, p["metadata"].get("labels") or {})
+            and selector_matches(selector, p["metadata"].get("labels") or {}, null_matches=False)
         ]
         if covered:
             out.append((pdb, covered))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import datetime as dt
 import os
 import shlex
@@ -60,7 +59,15 @@ from nmo.sandbox.kwok_api import crds as kwok_crds
 from nmo.sandbox.kwok_api import write_exec_shims
 from nmo.sandbox.nodes import node_is_ready, node_manifest
 from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
-from nmo.sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, rss_kib, spawn
+from nmo.sandbox.process import (
+    ProcessRef,
+    free_ports,
+    kill_groups,
+    log_tail,
+    rss_kib,
+    run_command,
+    spawn,
+)
 from nmo.sandbox.state import (
     kill_in_order,
     process_refs,
@@ -330,24 +337,7 @@ class Sandbox:
     ) -> subprocess.CompletedProcess[str]:
         """Run the cached kubectl against this sandbox and capture its output."""
         argv = [str(self._binaries().path("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(
-                proc.communicate(input.encode() if input is not None else None), timeout
-            )
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        result = subprocess.CompletedProcess(
-            argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        result = await run_command(argv, input=input, timeout=timeout)
         if check:
             result.check_returncode()
         return result
@@ -410,19 +400,7 @@ class Sandbox:
             "HELM_DATA_HOME": str(base / "data"),
         }
         argv = [str(self._binaries().path("helm")), f"--kubeconfig={self.kubeconfig}", *args]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            raise
-        return subprocess.CompletedProcess(
-            argv, proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-        )
+        return await run_command(argv, env=env, timeout=timeout)
 
     def issue_serving_cert(
         self, dir: Path | str, sans: Sequence[str], *, name: str = "webhook"

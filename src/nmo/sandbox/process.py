@@ -14,6 +14,7 @@ signal handler, where no event loop can be relied on.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -228,3 +229,34 @@ def _set_pdeathsig(parent_pid: int) -> Any:
             os._exit(1)
 
     return preexec
+
+
+async def run_command(
+    argv: Sequence[str],
+    *,
+    input: str | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion and capture its output; killed on timeout or cancel."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+    )
+    try:
+        out, err = await asyncio.wait_for(
+            proc.communicate(input.encode() if input is not None else None), timeout
+        )
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise
+    return subprocess.CompletedProcess(
+        list(argv), proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+    )

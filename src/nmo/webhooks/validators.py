@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
+from nmo.core.selectors import selector_matches
 
 Obj = Mapping[str, Any]
 
@@ -140,28 +141,6 @@ def is_control_plane(node: Obj) -> bool:
     """NMO's test: the node carries the master or control-plane role label key."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     return MASTER_ROLE_LABEL in labels or CONTROL_PLANE_ROLE_LABEL in labels
-
-
-def selector_matches(selector: Obj | None, labels: Mapping[str, str]) -> bool:
-    """Whether a metav1.LabelSelector matches labels (null or empty matches all,
-    as NMO's ``LabelSelectorAsMap`` path treats it)."""
-    if not selector:
-        return True
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op = expr.get("key", ""), expr.get("operator", "")
-        values = expr.get("values") or []
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _disruptions_allowed(pdb: Obj) -> int:
