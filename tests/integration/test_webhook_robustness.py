@@ -820,7 +820,7 @@ async def test_readyz_names_the_cache_checks_until_they_sync(
     await asyncio.sleep(2)  # informers have been refused a few times by now
     code, verbose = await curl(f"{base}/readyz?verbose")
     assert code == 500, verbose
-    assert "[-]informers failed: maintenance, node and pod caches have not synced yet" in verbose
+    assert "[-]informers failed: maintenance and node caches have not synced yet" in verbose
     assert (
         "[-]webhook-caches failed: node and NodeMaintenance caches have not synced yet" in verbose
     )

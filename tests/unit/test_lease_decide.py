@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from nmo.core.lease import Action, apply, build_lease, decide, format_micro
+from nmo.core.maintenance.lease import Action, apply, build_lease, decide, format_micro
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from nmo.api import constants as c
-from nmo.core import nodeplan
+from nmo.core.maintenance import node as nodeplan
 
 UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
 DRAIN = {"key": c.DRAIN_TAINT_KEY, "effect": "NoSchedule"}

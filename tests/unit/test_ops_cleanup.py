@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nmo.api import constants as c
-from nmo.core.nodeplan import PriorState
+from nmo.core.maintenance.node import PriorState
 from nmo.ops.cleanup import Plan, StepKind, leader_alive, plan_cleanup, same_or_smaller
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from nmo.core.podselect import select_pods
+from nmo.core.maintenance.pods import select_pods
 
 
 def pod(

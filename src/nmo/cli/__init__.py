@@ -23,8 +23,8 @@ from nmo.api.crd import crd
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
+from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.metrics import Metrics
-from nmo.core.reconciler import ReconcilerSettings
 from nmo.webhooks.probes import CheckFailed
 from nmo.webhooks.servers import ServerSettings, serve
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("NMO_MAX_CONCURRENT_RECONCILES", 10),
     )
     eng.add_argument(
-        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 50)
+        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 100)
     )
     eng.add_argument(
         "--lease-namespace",
@@ -137,7 +137,7 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
         leader_lease_duration=args.leader_lease_duration,
         leader_renew_deadline=args.leader_renew_deadline,
         leader_retry_period=args.leader_retry_period,
-        reconciler=ReconcilerSettings(status_interval=args.status_interval),
+        plan=PlanSettings(status_interval=args.status_interval),
     )
     if args.identity:
         settings.identity = args.identity
@@ -205,7 +205,7 @@ async def _servers(args: argparse.Namespace, kube: Kube, engine: Engine, metrics
 
     def caches() -> None:
         if not engine.synced():
-            raise CheckFailed("maintenance, node and pod caches have not synced yet")
+            raise CheckFailed("maintenance and node caches have not synced yet")
 
     def leadership() -> None:
         if engine.elector is None or engine.elector.is_leader == engine.leading:

@@ -22,7 +22,7 @@ from nmo.api import constants as c
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.kube import Kube, RetryPolicy
 from nmo.ops import cleanup as cl
-from nmo.ops import status as st
+from nmo.ops import summary as st
 from nmo.ops.bundle import Item, parse_duration
 from nmo.ops.gather import Gatherer, GatherSettings, Unreachable
 

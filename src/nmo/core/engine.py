@@ -1,11 +1,18 @@
 """The operator's runtime: caches, work queue, workers, leader election.
 
-Wiring (see architecture.md): three informers (NodeMaintenances, Nodes,
-bound Pods indexed by node) feed reconcile keys into one work queue; N
-workers run :class:`Reconciler` passes concurrently, never the same key
-twice at once; the drainer and the lease renewers run as their own tasks.
-Informers run on every replica (the webhook answers from them); workers
-run only on the leader.
+Wiring (see architecture.md): two cluster-wide informers (NodeMaintenances,
+Nodes), slimmed to the fields nmo reads, feed reconcile keys into one work
+queue; N workers run :class:`Reconciler` passes concurrently, never the same
+key twice at once. The pods of a node are watched only while it is under
+maintenance (field selector ``spec.nodeName=<node>``), by a watch its memory
+record owns; PodDisruptionBudgets are watched while leading, so a pod held
+by a PDB is retried the moment the PDB allows a disruption.
+
+What runs where is declared in :meth:`Engine.runnables`: the caches the
+webhook answers from run on every replica; the workers, the resync and the
+PDB watch run only on the leader. Every background task is named; a crash
+of one ends the process (the task group), except the per-node pod watches,
+which are restarted by the next pass of their CR.
 """
 
 from __future__ import annotations
@@ -16,23 +23,30 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.drain import Drainer
+from nmo.core import slim
+from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path
 from nmo.core.leader import LeaderElector, LeaderSettings
 from nmo.core.lease import LeaseClient
+from nmo.core.maintenance.drainstate import blocked_by
+from nmo.core.maintenance.planner import PlanSettings
+from nmo.core.memory import Memories, Memory
 from nmo.core.metrics import Metrics
 from nmo.core.queue import WorkQueue
-from nmo.core.reconciler import NM_PATH, Reconciler, ReconcilerSettings
+from nmo.core.reconciler import NM_PATH, Reconciler
 from nmo.core.renewer import LeaseRenewers
 from nmo.core.watch import Informer
 
 log = logging.getLogger("nmo.engine")
+
+Obj = dict[str, Any]
 
 
 def default_identity() -> str:
@@ -43,7 +57,7 @@ def default_identity() -> str:
 class EngineSettings:
     lease_namespace: str = c.LEASE_NAMESPACE_DEFAULT
     max_concurrent_reconciles: int = 10
-    max_parallel_evictions: int = 50
+    max_parallel_evictions: int = 100
     lease_renew_interval: float = 300.0
     leader_election: bool = True
     leader_election_namespace: str = c.OPERATOR_NAMESPACE
@@ -51,13 +65,22 @@ class EngineSettings:
     leader_lease_duration: float = 15.0
     leader_renew_deadline: float = 10.0
     leader_retry_period: float = 2.0
-    pod_event_debounce: float = 0.5
+    pod_event_debounce: float = 0.2
     resync_period: float = 600.0
     identity: str = field(default_factory=default_identity)
-    reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
+    plan: PlanSettings = field(default_factory=PlanSettings)
 
 
-def _intent(obj: dict[str, Any]) -> tuple[Any, ...]:
+@dataclass(frozen=True)
+class Runnable:
+    """A named background task, and whether only the leader runs it."""
+
+    name: str
+    run: Callable[[], Coroutine[Any, Any, None]]
+    leader_only: bool
+
+
+def _intent(obj: Obj) -> tuple[Any, ...]:
     """What a reconcile reacts to on a NodeMaintenance: all but the status."""
     meta = obj.get("metadata") or {}
     return (
@@ -70,8 +93,8 @@ def _intent(obj: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def _pod_node(pod: dict[str, Any]) -> str | None:
-    node = (pod.get("spec") or {}).get("nodeName")
+def _node_of(obj: Obj) -> str | None:
+    node = (obj.get("spec") or {}).get("nodeName")
     return str(node) if node else None
 
 
@@ -86,16 +109,18 @@ class Engine:
             name="nodemaintenances",
             missing_hint=f"the CRD {c.CRD_NAME} is not installed; install the Helm chart "
             "or run `nmo crd | kubectl apply -f -`",
+            transform=slim.maintenance,
+            index=_node_of,
         )
-        self.nodes = Informer(kube, api_path("v1", "nodes"), name="nodes")
-        self.pods = Informer(
+        self.nodes = Informer(kube, api_path("v1", "nodes"), name="nodes", transform=slim.node)
+        self.pdbs = Informer(
             kube,
-            api_path("v1", "pods"),
-            name="pods",
-            params={"fieldSelector": "spec.nodeName!="},
-            index=_pod_node,
+            api_path("policy/v1", "poddisruptionbudgets"),
+            name="poddisruptionbudgets",
+            transform=slim.pdb,
         )
         self.queue = WorkQueue()
+        self.memories = Memories()
         self.leases = LeaseClient(kube, settings.lease_namespace)
         self.renewers = LeaseRenewers(
             self.leases,
@@ -103,10 +128,10 @@ class Engine:
             on_failure=self.queue.add,
             metrics=metrics,
         )
-        self.drainer = Drainer(
+        self.evictor = Evictor(
             kube,
             max_parallel=settings.max_parallel_evictions,
-            on_change=self._enqueue_node,
+            on_change=self._wake,
             metrics=metrics,
         )
         self.recorder = EventRecorder(kube, instance=settings.identity)
@@ -114,13 +139,14 @@ class Engine:
             kube=kube,
             maintenances=self.maintenances,
             nodes=self.nodes,
-            pods=self.pods,
+            memories=self.memories,
             leases=self.leases,
             renewers=self.renewers,
-            drainer=self.drainer,
+            evictor=self.evictor,
             recorder=self.recorder,
             metrics=metrics,
-            settings=settings.reconciler,
+            watch_pods=self._watch_pods,
+            settings=settings.plan,
         )
         self.elector: LeaderElector | None = None
         if settings.leader_election:
@@ -135,58 +161,122 @@ class Engine:
                     retry_period=settings.leader_retry_period,
                 ),
             )
-        self._by_node: dict[str, set[str]] = {}
         self.leading = False
+        self.pod_watches_started = 0
         self.maintenances.add_handler(self._on_maintenance)
-        self.nodes.add_handler(lambda _e, obj, _o: self._enqueue_node(obj["metadata"]["name"]))
-        self.pods.add_handler(self._on_pod)
+        self.nodes.add_handler(self._on_node)
+        self.pdbs.add_handler(self._on_pdb)
+
+    # -- what runs where ---------------------------------------------------
+    def runnables(self) -> list[Runnable]:
+        return [
+            Runnable("informer:nodemaintenances", self.maintenances.run, leader_only=False),
+            Runnable("informer:nodes", self.nodes.run, leader_only=False),
+            Runnable("informer:poddisruptionbudgets", self.pdbs.run, leader_only=True),
+            Runnable("resync", self._resync, leader_only=True),
+            *(
+                Runnable(f"reconcile-worker:{i}", self._worker, leader_only=True)
+                for i in range(self.settings.max_concurrent_reconciles)
+            ),
+        ]
 
     @property
     def informers(self) -> list[Informer]:
-        return [self.maintenances, self.nodes, self.pods]
+        """The caches every replica keeps (the webhook answers from them)."""
+        return [self.maintenances, self.nodes]
 
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in self.informers)
 
-    def _on_maintenance(self, event: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        name = str(obj["metadata"]["name"])
-        if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
-            return  # a status-only change (most often our own write): nothing to do
-        node = str((obj.get("spec") or {}).get("nodeName") or "")
-        for prev in (old, obj):
-            prev_node = str(((prev or {}).get("spec") or {}).get("nodeName") or "")
-            if prev_node and prev_node != node:
-                self._by_node.get(prev_node, set()).discard(name)
-        if event == "DELETED":
-            self._by_node.get(node, set()).discard(name)
-        elif node:
-            self._by_node.setdefault(node, set()).add(name)
+    # -- triggers ----------------------------------------------------------
+    def _wake(self, name: str) -> None:
         if self.leading:
             self.queue.add(name)
 
-    def _enqueue_node(self, node: str) -> None:
+    def _on_maintenance(self, event: str, obj: Obj, old: Obj | None) -> None:
+        name = str(obj["metadata"]["name"])
+        if event == "DELETED":
+            # However the CR went (a DELETE event, or missing from a re-list
+            # after a watch gap), nothing of it may keep running.
+            self.memories.forget(name)
+            return
+        if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
+            return  # a status-only change (most often our own write): nothing to do
+        self._wake(name)
+
+    def _on_node(self, _event: str, obj: Obj, _old: Obj | None) -> None:
         if not self.leading:
             return
-        for name in self._by_node.get(node, ()):
-            self.queue.add(name)
+        for nm in self.maintenances.by_index(str(obj["metadata"]["name"])):
+            self.queue.add(str(nm["metadata"]["name"]))
 
-    def _on_pod(self, _event: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+    def _on_pod(self, record: Memory, event: str, obj: Obj) -> None:
+        if not self.leading or record.forgotten:
+            return
+        pods = record.pods.store if record.pods is not None else {}
+        if event == "DELETED" and not any(key in pods for key in record.drain):
+            self.queue.add(record.name)  # the last pod to evict left: finish at once
+            return
         # Pod churn during a drain is coalesced: one pass per debounce window
-        # sees all the deletions of that window (a 1,000-pod drain would
-        # otherwise run a full pass per pod event).
-        node = _pod_node(obj)
-        if node and self.leading:
-            for name in self._by_node.get(node, ()):
-                self.queue.add_after(name, self.settings.pod_event_debounce)
+        # sees all the changes of that window.
+        self.queue.add_after(record.name, self.settings.pod_event_debounce)
 
+    def _on_pdb(self, _event: str, obj: Obj, _old: Obj | None) -> None:
+        if not self.leading:
+            return
+        allowed = int((obj.get("status") or {}).get("disruptionsAllowed") or 0)
+        if allowed <= 0:
+            return
+        meta = obj["metadata"]
+        for record in self.memories:
+            keys = blocked_by(record.drain, str(meta.get("namespace")), str(meta["name"]), allowed)
+            if keys:
+                self.evictor.unblock(record, keys)
+                self.queue.add(record.name)
+
+    def _watch_pods(self, record: Memory) -> None:
+        """Watch the node's pods while its maintenance runs (the record owns it)."""
+        if record.forgotten or (record.pods_task is not None and not record.pods_task.done()):
+            return
+        informer = Informer(
+            self.kube,
+            api_path("v1", "pods"),
+            name=f"pods:{record.node}",
+            params={"fieldSelector": f"spec.nodeName={record.node}"},
+            transform=slim.pod,
+            page_size=100,
+            on_synced=lambda: self._wake(record.name),
+        )
+        informer.add_handler(lambda event, obj, _old: self._on_pod(record, event, obj))
+        record.pods = informer
+        record.pods_task = asyncio.get_running_loop().create_task(
+            informer.run(), name=f"pod-watch:{record.node}"
+        )
+        record.pods_task.add_done_callback(lambda task: self._pod_watch_ended(record, task))
+        self.pod_watches_started += 1
+        log.info("pod watch started for node %s", record.node, extra={"node": record.node})
+
+    def _pod_watch_ended(self, record: Memory, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        log.error(
+            "pod watch for node %s crashed; the next pass restarts it",
+            record.node,
+            exc_info=task.exception(),
+            extra={"node": record.node},
+        )
+        self._wake(record.name)
+
+    # -- running -----------------------------------------------------------
     async def run(self) -> None:
-        """Run until cancelled; an informer or worker crash ends the process."""
+        """Run until cancelled; a cache or worker crash ends the process."""
+        everywhere = [r for r in self.runnables() if not r.leader_only]
         async with asyncio.TaskGroup() as group:
-            for informer in self.informers:
-                group.create_task(informer.run(), name=f"informer:{informer.name}")
+            for runnable in everywhere:
+                group.create_task(runnable.run(), name=runnable.name)
             for informer in self.informers:
                 await informer.synced.wait()
-            log.info("caches synced: maintenances, nodes, pods")
+            log.info("caches synced: maintenances, nodes")
             if self.elector is not None:
                 group.create_task(self.elector.run(self._lead), name="leader-election")
             else:
@@ -208,13 +298,13 @@ class Engine:
         )
         try:
             async with asyncio.TaskGroup() as group:
-                for i in range(self.settings.max_concurrent_reconciles):
-                    group.create_task(self._worker(), name=f"reconcile-worker:{i}")
-                group.create_task(self._resync(), name="resync")
+                for runnable in self.runnables():
+                    if runnable.leader_only:
+                        group.create_task(runnable.run(), name=runnable.name)
         finally:
             self.leading = False
             self.metrics.is_leader.set(0)
-            self.renewers.stop_all()
+            self.memories.forget_all()
 
     async def _resync(self) -> None:
         """Level-based safety net: every CR is reconciled at least this often."""
@@ -269,7 +359,7 @@ class Engine:
 
     async def shutdown(self) -> None:
         await self.queue.shutdown()
-        self.renewers.stop_all()
+        self.memories.forget_all()
         if self.elector is not None:
             with contextlib.suppress(Exception):
                 await self.elector.release()

@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,41 @@ def api_path(
     return "/".join(parts)
 
 
+MAX_STREAMS = 512  # watches: three kinds plus one per node under maintenance
+
+
+async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
+    """Give kr8s's shared httpx client a pool that fits nmo's watches.
+
+    kr8s 0.20 builds its client with httpx's default pool (100 connections,
+    no pool timeout), so 100 open watches would starve every request. nmo
+    watches the pods of each node under maintenance, so the pool is sized
+    for bounded requests plus :data:`MAX_STREAMS`. kr8s rebuilds the client
+    after a 401/403, so its builder is wrapped, not just the current client.
+    """
+    build = getattr(api, "_create_session", None)
+    if build is None or getattr(build, "_nmo_widened", False):
+        return
+
+    async def create_session() -> None:
+        await build()
+        old = api._session
+        api._session = httpx.AsyncClient(
+            base_url=old.base_url,
+            headers=old.headers,
+            verify=await api.auth.ssl_context(),
+            timeout=old.timeout,
+            follow_redirects=True,
+            proxy=api.auth.proxy,
+            limits=limits,
+        )
+        await old.aclose()
+
+    create_session._nmo_widened = True  # type: ignore[attr-defined]
+    api._create_session = create_session
+    await create_session()
+
+
 def _split(path: str) -> tuple[str, str]:
     """Split a path into kr8s's (base, url) so it rebuilds the same path."""
     base, _, last = path.rstrip("/").rpartition("/")
@@ -101,7 +136,7 @@ class Kube:
         *,
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
-        max_in_flight: int = 64,
+        max_in_flight: int = 128,
     ) -> None:
         self._api = api
         self._timeout = httpx.Timeout(timeout, connect=10.0)
@@ -118,7 +153,7 @@ class Kube:
         context: str | None = None,
         in_cluster: bool = False,
         timeout: float = 30.0,
-        max_in_flight: int = 64,
+        max_in_flight: int = 128,
     ) -> Kube:
         """Authenticate from a kubeconfig, or the in-cluster service account."""
         try:
@@ -133,6 +168,7 @@ class Kube:
         except kr8s.ServerError as exc:
             code = exc.response.status_code if exc.response is not None else 0
             raise error_for_status(code, {"message": str(exc)}) from exc
+        await _widen_pool(api, httpx.Limits(max_connections=max_in_flight + MAX_STREAMS))
         return cls(api, timeout=timeout, max_in_flight=max_in_flight)
 
     @property
@@ -203,13 +239,26 @@ class Kube:
     async def get(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
         return await self.request("GET", path, params=params)
 
-    async def list_all(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
-        """LIST with pagination; returns one list object (items and resourceVersion)."""
-        query: dict[str, str | int | bool] = {"limit": 500, **(params or {})}
+    async def list_all(
+        self,
+        path: str,
+        *,
+        params: Params | None = None,
+        limit: int = 500,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """LIST with pagination; returns one list object (items and resourceVersion).
+
+        ``transform`` is applied to each item as its page arrives, so a large
+        list never holds more than one page of full objects.
+        """
+        query: dict[str, str | int | bool] = {"limit": limit, **(params or {})}
         items: list[dict[str, Any]] = []
         while True:
             page = await self.get(path, params=query)
-            items.extend(page.get("items") or [])
+            batch = page.pop("items", None) or []
+            items.extend(map(transform, batch) if transform else batch)
+            del batch
             cont = (page.get("metadata") or {}).get("continue")
             if not cont:
                 page["items"] = items

@@ -22,7 +22,7 @@ from typing import Any
 
 from nmo.core.errors import AlreadyExists, Conflict, KubeError, NotFound
 from nmo.core.kube import Kube, api_path
-from nmo.core.lease import format_micro
+from nmo.core.maintenance.lease import format_micro
 
 log = logging.getLogger("nmo.leader")
 

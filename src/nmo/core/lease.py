@@ -1,54 +1,29 @@
-"""The medik8s node lease, shared with NHC and SNR (behavior.md A5, B3).
+"""The node lease client: obtains, renews and releases medik8s node leases.
 
-Whoever holds ``<ns>/node-<node>`` owns the node: a remediation operator will
-not fence a node nmo holds, and nmo will not drain a node someone else
-holds. :func:`decide` is the pure rule (create, renew, take over an expired
-foreign lease, or refuse); :class:`LeaseClient` applies it with optimistic
-concurrency (PUT carries the resourceVersion, a conflict re-reads once).
+The rules are pure (:mod:`nmo.core.maintenance.lease`); this module applies
+them with optimistic concurrency (PUT carries the resourceVersion, a
+conflict re-reads once). A renewal never creates a lease: a lease that
+disappeared while held (released, or deleted by someone) is reported as a
+failed renewal, so a renewer that outlives its maintenance cannot re-create
+a released lease.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.errors import AlreadyExists, Conflict, NotFound
 from nmo.core.kube import Kube, api_path
-
-Lease = dict[str, Any]
-
-MICRO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
-def format_micro(t: datetime) -> str:
-    return t.astimezone(UTC).strftime(MICRO_FORMAT)
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-class Action(enum.Enum):
-    CREATE = "create"
-    RENEW = "renew"
-    TAKE_OVER = "take-over"
-    KEEP = "keep"
-    FOREIGN = "foreign"
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: Action
-    holder: str = ""
-    expires: datetime | None = None
+from nmo.core.maintenance.lease import (
+    Action,
+    Decision,
+    Lease,
+    apply,
+    build_lease,
+    decide,
+)
 
 
 class LeaseHeldError(Exception):
@@ -59,70 +34,12 @@ class LeaseHeldError(Exception):
         self.holder = holder
 
 
-def decide(
-    lease: Lease | None,
-    now: datetime,
-    *,
-    holder: str = c.LEASE_HOLDER,
-    renew_after: timedelta = timedelta(minutes=5),
-) -> Decision:
-    """What to do with the lease to hold it (pure)."""
-    if lease is None:
-        return Decision(Action.CREATE)
-    spec = lease.get("spec") or {}
-    current = str(spec.get("holderIdentity") or "")
-    duration = timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    expires = renewed + duration if renewed else None
-    if current == holder:
-        if renewed is None or now - renewed >= renew_after or expires is None or now > expires:
-            return Decision(Action.RENEW, current, expires)
-        return Decision(Action.KEEP, current, expires)
-    valid = renewed is not None and expires is not None and renewed <= now <= expires
-    if current and valid:
-        return Decision(Action.FOREIGN, current, expires)
-    return Decision(Action.TAKE_OVER, current, expires)
+class LeaseLost(Exception):
+    """A lease we renew has disappeared (released or deleted by someone)."""
 
-
-def build_lease(
-    node: dict[str, Any], namespace: str, now: datetime, *, holder: str = c.LEASE_HOLDER
-) -> Lease:
-    name = str(node["metadata"]["name"])
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": c.lease_name(name),
-            "namespace": namespace,
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
-            ],
-        },
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": c.LEASE_DURATION_SECONDS,
-            "acquireTime": format_micro(now),
-            "renewTime": format_micro(now),
-            "leaseTransitions": 0,
-        },
-    }
-
-
-def apply(
-    decision: Decision, lease: Lease, now: datetime, *, holder: str = c.LEASE_HOLDER
-) -> Lease:
-    """The lease object after a RENEW or TAKE_OVER (pure)."""
-    out = {**lease, "spec": dict(lease.get("spec") or {})}
-    spec = out["spec"]
-    if decision.action is Action.TAKE_OVER:
-        spec["holderIdentity"] = holder
-        spec["acquireTime"] = format_micro(now)
-        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-    spec["leaseDurationSeconds"] = c.LEASE_DURATION_SECONDS
-    spec["renewTime"] = format_micro(now)
-    if not spec.get("acquireTime"):
-        spec["acquireTime"] = format_micro(now)
-    return out
+    def __init__(self, node_name: str) -> None:
+        super().__init__(f"the lease {c.lease_name(node_name)} no longer exists")
+        self.node_name = node_name
 
 
 class LeaseClient:
@@ -174,9 +91,12 @@ class LeaseClient:
             return None
 
     async def request(
-        self, node: dict[str, Any], now: datetime, *, force: bool = False
+        self, node: dict[str, Any], now: datetime, *, force: bool = False, renew_only: bool = False
     ) -> Decision:
-        """Hold the lease for the node or raise LeaseHeldError / KubeError."""
+        """Hold the lease for the node or raise LeaseHeldError / LeaseLost / KubeError.
+
+        ``renew_only`` (background renewals) refuses to create a missing lease.
+        """
         name = str(node["metadata"]["name"])
         for attempt in range(2):
             lease = await self.get(name)
@@ -186,6 +106,8 @@ class LeaseClient:
             try:
                 if decision.action is Action.FOREIGN:
                     raise LeaseHeldError(decision.holder)
+                if decision.action is Action.CREATE and renew_only:
+                    raise LeaseLost(name)
                 if decision.action is Action.CREATE:
                     try:
                         await self.kube.create(self.path(), build_lease(node, self.namespace, now))

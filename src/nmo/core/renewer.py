@@ -1,11 +1,13 @@
 """Background lease renewal for every active maintenance (B3).
 
-NMO renews the node lease only when a reconcile happens to run, so a
+The Go NMO renews the node lease only when a reconcile happens to run, so a
 maintenance that sits quietly for an hour lets the lease lapse and a
-remediation operator may take the node. nmo keeps one named task per node
-that renews the lease every ``interval`` seconds while the maintenance is
-active; a failed renewal wakes the CR's reconcile, which applies the
-counting rules of A5.
+remediation operator may take the node. nmo keeps one named task per
+maintenance, owned by its memory record (so forgetting the record stops it),
+that renews the lease every ``interval`` seconds. A renewal never creates a
+lease: one that vanished (released, or deleted by someone) is a failure
+like any other. A failed renewal is stored on the record and wakes the CR,
+whose next pass applies the counting rules of A5.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.core.errors import KubeError
-from nmo.core.lease import LeaseClient, LeaseHeldError
+from nmo.core.lease import LeaseClient, LeaseHeldError, LeaseLost
+from nmo.core.memory import Memory
 from nmo.core.metrics import Metrics
 
 log = logging.getLogger("nmo.lease")
@@ -36,45 +39,38 @@ class LeaseRenewers:
         self.interval = interval
         self.on_failure = on_failure
         self.metrics = metrics
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.failed: dict[str, str] = {}
 
-    def active(self, node_name: str) -> bool:
-        task = self._tasks.get(node_name)
-        return task is not None and not task.done()
-
-    def start(self, node: dict[str, Any], cr_name: str) -> None:
-        name = str(node["metadata"]["name"])
-        if self.active(name):
+    def start(self, record: Memory, node: dict[str, Any]) -> None:
+        """Hold the lease from now on (the pass has just obtained it)."""
+        if record.forgotten:
             return
-        self.failed.pop(name, None)
-        self._tasks[name] = asyncio.get_running_loop().create_task(
-            self._run(node, cr_name), name=f"lease-renewer:{name}"
+        record.lease_held = True
+        record.renewal_error = None
+        if record.renewing:
+            return
+        record.renewer = asyncio.get_running_loop().create_task(
+            self._run(record, {"metadata": {"name": record.node, "uid": node["metadata"]["uid"]}}),
+            name=f"lease-renewer:{record.node}",
         )
-        log.info("lease renewer started for node %s", name, extra={"node": name})
+        log.info("lease renewer started for node %s", record.node, extra={"node": record.node})
 
-    def stop(self, node_name: str) -> None:
-        task = self._tasks.pop(node_name, None)
-        self.failed.pop(node_name, None)
-        if task is not None:
-            task.cancel()
-            log.info("lease renewer stopped for node %s", node_name, extra={"node": node_name})
-
-    def stop_all(self) -> None:
-        for name in list(self._tasks):
-            self.stop(name)
-
-    async def _run(self, node: dict[str, Any], cr_name: str) -> None:
-        name = str(node["metadata"]["name"])
+    async def _run(self, record: Memory, node: dict[str, Any]) -> None:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                await self.leases.request(node, datetime.now(UTC), force=True)
+                await self.leases.request(node, datetime.now(UTC), force=True, renew_only=True)
                 self.metrics.lease_renewals.inc()
-                log.debug("lease renewed for node %s", name, extra={"node": name})
-            except (LeaseHeldError, KubeError) as exc:
+                log.debug("lease renewed for node %s", record.node, extra={"node": record.node})
+            except (LeaseHeldError, LeaseLost, KubeError) as exc:
                 self.metrics.lease_errors.labels(kind="renewal").inc()
-                log.warning("lease renewal failed for node %s: %s", name, exc, extra={"node": name})
-                self.failed[name] = str(exc)
-                self.on_failure(cr_name)
+                log.warning(
+                    "lease renewal failed for node %s: %s",
+                    record.node,
+                    exc,
+                    extra={"node": record.node},
+                )
+                record.renewal_error = str(exc)
+                record.lease_held = False
+                record.renewer = None
+                self.on_failure(record.name)
                 return

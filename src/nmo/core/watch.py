@@ -34,6 +34,7 @@ Obj = dict[str, Any]
 # handler(event_type, new_or_last_object, old_object_or_None)
 Handler = Callable[[str, Obj, Obj | None], None]
 IndexFunc = Callable[[Obj], str | None]
+Transform = Callable[[Obj], Obj]
 
 
 def object_key(obj: Obj) -> str:
@@ -66,6 +67,9 @@ class Informer:
         max_backoff: float = 30.0,
         index: IndexFunc | None = None,
         missing_hint: str = "",
+        transform: Transform | None = None,
+        page_size: int = 500,
+        on_synced: Callable[[], None] | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
@@ -77,6 +81,9 @@ class Informer:
         self.synced = asyncio.Event()
         self.handlers: list[Handler] = []
         self._index_func = index
+        self._transform = transform or _slim
+        self.page_size = page_size
+        self._on_synced = on_synced
         self.missing_hint = missing_hint
         self.index: dict[str, set[str]] = {}
         self.resource_version: str | None = None
@@ -112,7 +119,7 @@ class Informer:
                 log.exception("watch handler failed", extra={"informer": self.name})
 
     def _apply(self, event: str, obj: Obj) -> None:
-        obj = _slim(obj)
+        obj = self._transform(obj)
         key = object_key(obj)
         old = self.store.get(key)
         if event == "DELETED":
@@ -124,9 +131,11 @@ class Informer:
         self._emit(event, obj, old)
 
     async def _relist(self) -> None:
-        page = await self.kube.list_all(self.path, params=self.params)
+        page = await self.kube.list_all(
+            self.path, params=self.params, limit=self.page_size, transform=self._transform
+        )
         self.lists += 1
-        fresh = {object_key(o): _slim(o) for o in page.get("items") or []}
+        fresh = {object_key(o): o for o in page.get("items") or []}
         for key in list(self.store):
             if key not in fresh:
                 gone = self.store.pop(key)
@@ -143,7 +152,10 @@ class Informer:
             ):
                 self._emit("MODIFIED", obj, old)
         self.resource_version = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        first = not self.synced.is_set()
         self.synced.set()
+        if first and self._on_synced is not None:
+            self._on_synced()
 
     async def _watch_once(self) -> int:
         """One WATCH; returns how many events it delivered."""

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.errors import NotFound
 from nmo.core.kube import Kube, api_path
-from nmo.core.lease import parse_time
-from nmo.core.nodeplan import PriorState
+from nmo.core.maintenance.lease import lease_times
+from nmo.core.maintenance.node import PriorState
 
 Obj = dict[str, Any]
 
@@ -86,11 +86,10 @@ def leader_alive(lease: Obj | None, now: datetime) -> str | None:
         return None
     spec = lease.get("spec") or {}
     holder = str(spec.get("holderIdentity") or "")
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    if not holder or renewed is None:
+    _, expires = lease_times(spec)
+    if not holder or expires is None:
         return None
-    duration = timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
-    return holder if renewed + duration > now else None
+    return holder if expires > now else None
 
 
 def prior_from(maintenances: list[Obj]) -> tuple[PriorState | None, str]:

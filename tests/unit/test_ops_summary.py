@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from nmo.api import constants as c
-from nmo.ops import status as st
+from nmo.ops import summary as st
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

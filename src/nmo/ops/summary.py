@@ -10,7 +10,7 @@ Both are pure; :func:`collect` does the reading.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -23,7 +23,7 @@ from nmo.api import constants as c
 from nmo.core.errors import Forbidden, NotFound
 from nmo.core.events import EVENT_NAMESPACE
 from nmo.core.kube import Kube, api_path
-from nmo.core.lease import parse_time
+from nmo.core.maintenance.lease import lease_times, parse_time
 
 Obj = dict[str, Any]
 
@@ -45,9 +45,7 @@ def lease_view(lease: Obj | None, now: datetime) -> Obj | None:
     if lease is None:
         return None
     spec = lease.get("spec") or {}
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    duration = int(spec.get("leaseDurationSeconds") or 0)
-    expires = renewed + timedelta(seconds=duration) if renewed else None
+    renewed, expires = lease_times(spec)
     return {
         "name": (lease.get("metadata") or {}).get("name"),
         "namespace": (lease.get("metadata") or {}).get("namespace"),

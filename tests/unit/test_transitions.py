@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from nmo.api.models import NodeMaintenanceStatus, PendingPodDetail, Phase, PodReference
-from nmo.core import status
+from nmo.core.maintenance import transitions as status
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 

@@ -1,0 +1,180 @@
+"""What a drain knows about each pod, and the survey of a node's drain (pure).
+
+The eviction executor (:mod:`nmo.core.drain`) keeps one :class:`PodDrainState`
+per pod it must remove, in the maintenance's memory record, and updates it
+as eviction answers arrive. :func:`survey` reads those states together with
+the pods currently on the node and says, without changing anything:
+
+* which pods are still pending, and why (blocked pods first, capped at
+  :data:`MAX_DETAILS` details; ``pendingPods`` always lists every pod);
+* which pods are due for an eviction attempt now;
+* which states are stale (the pod left, or was replaced under the same
+  name: a new UID);
+* when the earliest backed-off pod is due again.
+
+Times: ``tick`` is the event loop's monotonic clock (backoff deadlines);
+``since`` values are wall-clock datetimes shown in the status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nmo.api.models import PendingPodDetail
+from nmo.core.maintenance.pods import pod_key
+
+Pod = dict[str, Any]
+
+REASON_PDB = "DisruptionBudget"
+REASON_NS_TERMINATING = "NamespaceTerminating"
+REASON_MULTI_PDB = "MultiplePDBs"
+REASON_ERROR = "EvictionError"
+REASON_TERMINATING = "Terminating"
+REASON_WAITING = "Waiting"
+REASON_EVICTING = "Evicting"
+
+ERROR_REASONS = (REASON_MULTI_PDB, REASON_ERROR, REASON_NS_TERMINATING)
+
+MAX_DETAILS = 100  # pendingPodsDetails is capped; pendingPods always lists every pod
+_DETAIL_ORDER = {
+    REASON_PDB: 0,
+    REASON_MULTI_PDB: 0,
+    REASON_NS_TERMINATING: 0,
+    REASON_ERROR: 0,
+    REASON_TERMINATING: 1,
+    REASON_EVICTING: 2,
+    REASON_WAITING: 2,
+}
+
+
+@dataclass
+class PodDrainState:
+    """One pod's drain, as the eviction executor last saw it."""
+
+    uid: str
+    reason: str = REASON_WAITING
+    message: str = ""
+    pdb: str | None = None  # the blocking PodDisruptionBudget's name (pod's namespace)
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
+    next_attempt: float = 0.0
+    attempts: int = 0
+    in_flight: bool = False
+    evicted: bool = False
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """Where a node's drain stands (the ``drain report`` a plan reads)."""
+
+    pending: list[tuple[str, str]]  # (namespace, name) of every pod still on the node
+    details: list[PendingPodDetail]  # why, blocked pods first, at most MAX_DETAILS
+    next_wake: float | None  # seconds until a backed-off pod is due again
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class Survey:
+    report: DrainReport
+    due: list[Pod]  # pods to start an eviction for now
+    stale: list[str]  # state keys to drop
+
+
+def terminating_since(pod: Pod) -> datetime | None:
+    """When the pod's deletion began (deletionTimestamp minus its grace period)."""
+    meta = pod.get("metadata") or {}
+    stamp = meta.get("deletionTimestamp")
+    if not stamp:
+        return None
+    deadline = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    return deadline - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+
+
+def _view(pod: Pod, state: PodDrainState | None) -> tuple[str, str, str | None, datetime | None]:
+    """(reason, message, pdb, since) as shown for a pod."""
+    since = terminating_since(pod)
+    if since is not None and (state is None or not state.in_flight):
+        return REASON_TERMINATING, f"pod is terminating since {since.isoformat()}", None, since
+    if state is None:
+        return REASON_WAITING, "", None, None
+    return state.reason, state.message, state.pdb, state.since
+
+
+def survey(
+    states: Mapping[str, PodDrainState], pods: Sequence[Pod], *, tick: float, now: datetime
+) -> Survey:
+    """The drain of one node: pending pods, what is due, what is stale."""
+    present = {pod_key(p): p for p in pods}
+    stale = [
+        key
+        for key, state in states.items()
+        if key not in present or present[key]["metadata"].get("uid") != state.uid
+    ]
+    live = {k: s for k, s in states.items() if k not in stale}
+    due: list[Pod] = []
+    wake: float | None = None
+    errors: list[str] = []
+    rows: list[tuple[int, PendingPodDetail]] = []
+    pending: list[tuple[str, str]] = []
+    for key, pod in present.items():
+        state = live.get(key)
+        terminating = terminating_since(pod) is not None
+        if state is None:
+            if not terminating:
+                due.append(pod)
+        elif not state.in_flight and not terminating:
+            if tick >= state.next_attempt:
+                due.append(pod)
+            else:
+                remaining = state.next_attempt - tick
+                wake = remaining if wake is None else min(wake, remaining)
+        reason, message, pdb, since = _view(pod, state)
+        if state is None and not terminating:
+            reason = REASON_EVICTING
+        if reason in ERROR_REASONS:
+            errors.append(message)
+        meta = pod["metadata"]
+        ns, name = str(meta.get("namespace", "")), str(meta["name"])
+        pending.append((ns, name))
+        rows.append(
+            (
+                _DETAIL_ORDER.get(reason, 3),
+                PendingPodDetail(
+                    namespace=ns,
+                    name=name,
+                    reason=reason,
+                    message=message,
+                    disruption_budget=pdb,
+                    since=since or now,
+                ),
+            )
+        )
+    rows.sort(key=lambda row: row[0])
+    return Survey(
+        report=DrainReport(
+            pending=pending,
+            details=[detail for _, detail in rows[:MAX_DETAILS]],
+            next_wake=wake,
+            last_error=errors[0] if errors else None,
+        ),
+        due=due,
+        stale=stale,
+    )
+
+
+def blocked_by(
+    states: Mapping[str, PodDrainState], namespace: str, pdb: str, limit: int
+) -> list[str]:
+    """Up to ``limit`` keys of pods waiting on the PDB, longest-waiting first."""
+    waiting = [
+        (s.since, key)
+        for key, s in states.items()
+        if s.reason == REASON_PDB
+        and s.pdb == pdb
+        and not s.in_flight
+        and key.split("/", 1)[0] == namespace
+    ]
+    waiting.sort()
+    return [key for _, key in waiting[: max(0, limit)]]

@@ -1,0 +1,124 @@
+"""The medik8s node lease rules, as pure functions (behavior.md A5, B3).
+
+Whoever holds ``<ns>/node-<node>`` owns the node: a remediation operator will
+not fence a node nmo holds, and nmo will not drain a node someone else
+holds. :func:`decide` says what to do to hold it (create, renew, take over an
+expired foreign lease, or refuse); :func:`apply` and :func:`build_lease`
+compute the object to write. :func:`lease_times` is the one place that reads
+a lease's renew time and expiry (used by the decision, ``nmo cleanup`` and
+``nmo status``). The I/O lives in :mod:`nmo.core.lease`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from nmo.api import constants as c
+
+Lease = dict[str, Any]
+
+MICRO_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def format_micro(t: datetime) -> str:
+    return t.astimezone(UTC).strftime(MICRO_FORMAT)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def lease_times(spec: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
+    """When a lease (its ``spec``) was last renewed and when it expires."""
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
+    if renewed is None:
+        return None, None
+    return renewed, renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+
+
+class Action(enum.Enum):
+    CREATE = "create"
+    RENEW = "renew"
+    TAKE_OVER = "take-over"
+    KEEP = "keep"
+    FOREIGN = "foreign"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    holder: str = ""
+    expires: datetime | None = None
+
+
+def decide(
+    lease: Lease | None,
+    now: datetime,
+    *,
+    holder: str = c.LEASE_HOLDER,
+    renew_after: timedelta = timedelta(minutes=5),
+) -> Decision:
+    """What to do with the lease to hold it (pure)."""
+    if lease is None:
+        return Decision(Action.CREATE)
+    spec = lease.get("spec") or {}
+    current = str(spec.get("holderIdentity") or "")
+    renewed, expires = lease_times(spec)
+    if current == holder:
+        if renewed is None or now - renewed >= renew_after or expires is None or now > expires:
+            return Decision(Action.RENEW, current, expires)
+        return Decision(Action.KEEP, current, expires)
+    valid = renewed is not None and expires is not None and renewed <= now <= expires
+    if current and valid:
+        return Decision(Action.FOREIGN, current, expires)
+    return Decision(Action.TAKE_OVER, current, expires)
+
+
+def build_lease(
+    node: dict[str, Any], namespace: str, now: datetime, *, holder: str = c.LEASE_HOLDER
+) -> Lease:
+    name = str(node["metadata"]["name"])
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": c.lease_name(name),
+            "namespace": namespace,
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+            ],
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": c.LEASE_DURATION_SECONDS,
+            "acquireTime": format_micro(now),
+            "renewTime": format_micro(now),
+            "leaseTransitions": 0,
+        },
+    }
+
+
+def apply(
+    decision: Decision, lease: Lease, now: datetime, *, holder: str = c.LEASE_HOLDER
+) -> Lease:
+    """The lease object after a RENEW or TAKE_OVER (pure)."""
+    out = {**lease, "spec": dict(lease.get("spec") or {})}
+    spec = out["spec"]
+    if decision.action is Action.TAKE_OVER:
+        spec["holderIdentity"] = holder
+        spec["acquireTime"] = format_micro(now)
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec["leaseDurationSeconds"] = c.LEASE_DURATION_SECONDS
+    spec["renewTime"] = format_micro(now)
+    if not spec.get("acquireTime"):
+        spec["acquireTime"] = format_micro(now)
+    return out

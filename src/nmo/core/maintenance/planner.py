@@ -1,0 +1,322 @@
+"""The maintenance planner: from what a pass observed to what it does (pure).
+
+``plan(observed, settings)`` returns a :class:`Plan`: the CR metadata patch,
+the lease step, the status, the node patch, the evictions to start, the
+events and the result. It assumes the lease step succeeds; when it does not,
+the executor asks :func:`plan_lease_failure` for the plan to apply instead
+(the lease rules of behavior.md A5). No I/O is imported here (enforced by
+import-linter), so every decision is tested by tables.
+
+The flow it encodes (behavior.md A2-A5, B4-B9):
+
+* deleted CR: restore the node to its recorded prior state, release the
+  lease, drop the finalizer (a duplicate that never owned the node only
+  drops the finalizer);
+* Failed is terminal;
+* the finalizer is added first (event BeginMaintenance);
+* an older CR for the same node wins (duplicate ranking below), a missing
+  node fails the CR;
+* the ownerReference to the Node and the node's prior state are recorded;
+* lease, then label + taints + cordon, then evictions; Running with the
+  starting figures on the first pass, progress at most once per
+  ``status_interval``, Succeeded (event SucceedMaintenance) when no pod to
+  evict remains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from nmo.api import constants as c
+from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, Phase, PodReference
+from nmo.core.maintenance import node as nodeplan
+from nmo.core.maintenance import pods as podselect
+from nmo.core.maintenance import transitions as status
+from nmo.core.maintenance.drainstate import survey
+from nmo.core.maintenance.observed import (
+    DONE,
+    TERMINAL,
+    Emit,
+    LeaseStep,
+    Observed,
+    Plan,
+    Result,
+    Work,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    status_interval: float = 1.0  # at most one progress write per CR per interval
+    resync: float = 60.0  # safety requeue while a drain is in progress
+    lease_retry: float = 5.0  # retry after a failed lease request
+    pods_wait: float = 5.0  # safety requeue while the node's pod watch syncs
+    rewrite_after: float = 60.0  # a pruned status is rewritten at most this often
+
+
+SETTINGS = PlanSettings()
+
+
+def rank(nm: NodeMaintenance) -> tuple[int, datetime, str]:
+    """Who owns a node among its CRs: started first, then oldest, then name (B8)."""
+    started = 0 if nm.status.phase is not None else 1
+    created = nm.metadata.creation_timestamp or datetime.max.replace(tzinfo=UTC)
+    return (started, created, nm.metadata.name)
+
+
+def older_duplicate(nm: NodeMaintenance, others: tuple[NodeMaintenance, ...]) -> str | None:
+    """The name of another CR for the node that outranks this one, if any."""
+    mine = rank(nm)
+    for other in others:
+        if other.metadata.name == nm.metadata.name or other.spec.node_name != nm.spec.node_name:
+            continue
+        if status.is_duplicate_failure(other.status, other.spec.node_name):
+            continue
+        if rank(other) < mine:
+            return other.metadata.name
+    return None
+
+
+def _prior(nm: NodeMaintenance) -> nodeplan.PriorState | None:
+    return nodeplan.PriorState.from_annotation(
+        nm.metadata.annotations.get(c.PRIOR_STATE_ANNOTATION)
+    )
+
+
+def _status_write(
+    obs: Observed, new: NodeMaintenanceStatus, settings: PlanSettings
+) -> NodeMaintenanceStatus | None:
+    """``new`` if writing it changes something, else None.
+
+    A status identical to the one this process wrote within ``rewrite_after``
+    is not written again: a server that prunes fields it does not know (the
+    Go NMO's CRD has no pendingPodsDetails) must not cause a write per pass.
+    """
+    if not status.differs(obs.nm.status, new):
+        return None
+    recall = obs.recall
+    if (
+        recall.last_written is not None
+        and recall.status_written_ago is not None
+        and recall.status_written_ago < settings.rewrite_after
+        and recall.last_written == fingerprint(new)
+    ):
+        return None
+    return new
+
+
+def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
+    """A status as compared for rewrites (everything but lastUpdate)."""
+    return st.model_dump(mode="json", exclude={"last_update"})
+
+
+def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
+    """The metadata that records the Node owner (B6) and its prior state (B7)."""
+    meta: dict[str, Any] = {}
+    uid = node["metadata"].get("uid")
+    if not any(r.get("uid") == uid for r in nm.metadata.owner_references):
+        ref = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": node["metadata"]["name"],
+            "uid": uid,
+            "blockOwnerDeletion": False,
+            "controller": False,
+        }
+        others = [r for r in nm.metadata.owner_references if r.get("kind") != "Node"]
+        meta["ownerReferences"] = [*others, ref]
+    if c.PRIOR_STATE_ANNOTATION not in nm.metadata.annotations:
+        prior = nodeplan.prior_state(node)
+        if nm.status.phase is not None and nm.status.phase is not Phase.FAILED:
+            prior = nodeplan.PriorState()  # adopted from the Go NMO: it recorded none
+        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
+    return meta
+
+
+def _started(obs: Observed) -> NodeMaintenanceStatus:
+    """The status with the drain's starting figures once the pods are known (A2.2)."""
+    st = obs.nm.status
+    if st.phase is not None or obs.pods is None:
+        return st
+    selection = podselect.select_pods(obs.pods, lambda key: obs.daemonsets.get(key, False))
+    refs = [
+        PodReference(namespace=podselect.pod_namespace(p), name=podselect.pod_name(p))
+        for p in selection.evict
+    ]
+    return status.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
+
+
+def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
+    """Everything one pass does for the CR (assuming the lease step succeeds)."""
+    if obs.nm.metadata.deletion_timestamp is not None:
+        return plan_leave(obs)
+    return _plan_enter(obs, settings)
+
+
+def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
+    nm, now = obs.nm, obs.now
+    node_name = nm.spec.node_name
+    st = nm.status
+    if st.phase is Phase.FAILED:
+        return Plan(work=Work.STOP, result=TERMINAL)  # node missing, duplicate, or lease lost
+    meta: dict[str, Any] = {}
+    events: list[Emit] = []
+    notes: list[str] = []
+    if c.FINALIZER not in nm.metadata.finalizers:
+        meta["finalizers"] = [*nm.metadata.finalizers, c.FINALIZER]
+        events.append(Emit(c.EVENT_BEGIN))
+        notes.append("begin")
+
+    def failed(new: NodeMaintenanceStatus, note: str) -> Plan:
+        return Plan(
+            metadata=meta or None,
+            status=_status_write(obs, new, settings),
+            events=(*events, Emit(c.EVENT_FAILED, warning=True)),
+            work=Work.STOP,
+            result=TERMINAL,
+            notes=(*notes, note),
+        )
+
+    if (older := older_duplicate(nm, obs.others)) is not None:
+        return failed(
+            status.duplicate(st, node_name, now),
+            f"node {node_name} already has an older maintenance {older}",
+        )
+    if obs.node is None:
+        return failed(status.node_not_found(st, node_name, now), f"node {node_name} not found")
+    meta |= _ownership(nm, obs.node)
+    lease = LeaseStep.NONE
+    if obs.recall.renewal_error is not None:
+        lease = LeaseStep.FORCE
+    elif not obs.recall.lease_held:
+        lease = LeaseStep.REQUEST
+    st = _started(obs)
+    if lease is not LeaseStep.NONE:
+        st = status.lease_ok(st)
+    node_patch = nodeplan.enter_patch(obs.node)
+    base = Plan(
+        metadata=meta or None,
+        lease=lease,
+        node_patch=node_patch,
+        events=tuple(events),
+        notes=tuple(notes),
+    )
+    if obs.pods is None:  # the node's pod watch is syncing; it wakes the CR when done
+        return replace(
+            base,
+            status=_status_write(obs, st, settings),
+            result=Result(requeue_after=settings.pods_wait),
+        )
+    selection = podselect.select_pods(obs.pods, lambda key: obs.daemonsets.get(key, False))
+    if nm.status.phase is None:
+        notes.extend(f"drain: {w}" for w in selection.warnings)
+    drain = survey(obs.drain, selection.evict, tick=obs.tick, now=now)
+    report = drain.report
+    if not report.pending:
+        new = status.succeeded(st, now)
+        finished = st.phase is not Phase.SUCCEEDED
+        created = nm.metadata.creation_timestamp
+        return replace(
+            base,
+            status=_status_write(obs, new, settings),
+            drop=tuple(obs.drain),
+            events=(*base.events, Emit(c.EVENT_SUCCEEDED)) if finished else base.events,
+            notes=(*notes, f"drain of node {node_name} complete") if finished else tuple(notes),
+            drain_seconds=(now - created).total_seconds() if finished and created else None,
+            drain_pending=0,
+        )
+    new = status.draining(
+        st, pending=report.pending, details=report.details, error=report.last_error, now=now
+    )
+    wait = settings.resync if report.next_wake is None else report.next_wake
+    result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
+    write = _status_write(obs, new, settings)
+    ago = obs.recall.status_written_ago
+    if (
+        write is not None
+        and nm.status.phase is not None
+        and ago is not None
+        and ago < settings.status_interval
+    ):
+        # Progress is written at most once per interval; come back for it.
+        write = None
+        later = settings.status_interval - ago
+        result = Result(requeue_after=min(result.requeue_after or wait, later))
+    return replace(
+        base,
+        status=write,
+        evict=tuple(drain.due),
+        drop=tuple(drain.stale),
+        notes=tuple(notes),
+        result=result,
+        drain_pending=len(report.pending),
+    )
+
+
+def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
+    """The pass when the lease step failed (A5).
+
+    A foreign lease before the drain made progress is not counted (NMO waits
+    for the other holder); every other failure increments errorOnLeaseCount,
+    and past the limit the maintenance fails: the node is restored and the
+    CR is Failed with the lease exhausted message.
+    """
+    st = _started(obs)
+    counted = not (foreign and not (st.drain_progress or 0))
+    new = status.lease_error(st, error=error, counted=counted, now=obs.now)
+    if new.phase is Phase.FAILED:
+        restore = None
+        if obs.node is not None:
+            restore = nodeplan.leave_patch(obs.node, _prior(obs.nm))
+        return Plan(
+            status=new,
+            node_patch=restore,
+            restore=restore is not None,
+            drop=tuple(obs.drain),
+            events=(Emit(c.EVENT_FAILED, warning=True),),
+            work=Work.STOP,
+            result=TERMINAL,
+            notes=(f"failed: {new.last_error}",),
+        )
+    return Plan(
+        status=new,
+        result=Result(requeue_after=SETTINGS.lease_retry),
+        notes=(
+            ("failed to extend a lease that used to be owned by us: " + error)
+            if counted
+            else ("failed to obtain a lease that is not owned by us: " + error),
+        ),
+    )
+
+
+def plan_leave(obs: Observed) -> Plan:
+    """CR deleted: undo everything, then let it go (A3)."""
+    nm = obs.nm
+    if c.FINALIZER not in nm.metadata.finalizers:
+        return Plan(work=Work.FORGET)
+    metadata = {"finalizers": [f for f in nm.metadata.finalizers if f != c.FINALIZER]}
+    removed = Emit(c.EVENT_REMOVED)
+    if status.is_duplicate_failure(nm.status, nm.spec.node_name):
+        return Plan(metadata=metadata, events=(removed,), work=Work.FORGET, notes=("removed",))
+    events: list[Emit] = []
+    restore = None
+    if obs.node is not None:
+        prior = _prior(nm)
+        restore = nodeplan.leave_patch(obs.node, prior)
+        if restore is not None and nodeplan.uncordons(obs.node, prior):
+            events.append(Emit(c.EVENT_UNCORDON, target="node"))
+    return Plan(
+        metadata=metadata,
+        lease=LeaseStep.RELEASE,
+        node_patch=restore,
+        restore=restore is not None,
+        drop=tuple(obs.drain),
+        events=(*events, removed),
+        work=Work.FORGET,
+        result=DONE,
+        notes=("removed",),
+    )

@@ -1,0 +1,136 @@
+"""One memory record per maintenance, keyed by CR name, forgotten in one place.
+
+Everything the operator knows about a maintenance beyond what the API
+server stores lives in its :class:`Memory`: the node's pod watch, the
+per-pod drain states and their eviction tasks, the lease renewer and its
+last failure, the DaemonSets seen and the last status written. Nothing
+else keeps per-maintenance state.
+
+:meth:`Memories.forget` is the only way a record ends, and it stops every
+task the record owns (pod watch, evictions, renewer). It is called when a
+pass lets the CR go, when the NodeMaintenance cache loses the CR for any
+reason (a DELETE event, or a re-list after a watch gap that no longer
+contains it), and for every record when leadership ends. So a CR that
+disappears without nmo seeing its deletion leaves no renewer running and
+no lease re-created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from nmo.core.maintenance.drainstate import PodDrainState
+from nmo.core.watch import Informer
+
+log = logging.getLogger("nmo.memory")
+
+
+@dataclass
+class Memory:
+    """What nmo remembers about one maintenance (CR ``name`` on ``node``)."""
+
+    name: str
+    node: str
+    pods: Informer | None = None  # the node's pods (field selector spec.nodeName=<node>)
+    pods_task: asyncio.Task[None] | None = None
+    drain: dict[str, PodDrainState] = field(default_factory=dict)
+    evictions: set[asyncio.Task[None]] = field(default_factory=set)
+    renewer: asyncio.Task[None] | None = None
+    renewal_error: str | None = None
+    lease_held: bool = False
+    daemonsets: dict[str, bool] = field(default_factory=dict)
+    last_written: dict[str, Any] | None = None
+    last_write_at: float | None = None  # monotonic
+    forgotten: bool = False  # set once, by Memories.forget: start nothing more
+
+    @property
+    def renewing(self) -> bool:
+        return self.renewer is not None and not self.renewer.done()
+
+    def wrote(self, fingerprint: dict[str, Any]) -> None:
+        """Remember the status this process just wrote."""
+        self.last_written, self.last_write_at = fingerprint, time.monotonic()
+
+    def written_ago(self) -> float | None:
+        return None if self.last_write_at is None else time.monotonic() - self.last_write_at
+
+    def pods_synced(self) -> bool:
+        return self.pods is not None and self.pods.synced.is_set()
+
+    def stop_drain(self) -> None:
+        for task in list(self.evictions):
+            task.cancel()
+        self.evictions.clear()
+        self.drain.clear()
+
+    def stop_renewer(self) -> None:
+        if self.renewer is not None:
+            self.renewer.cancel()
+            log.info("lease renewer stopped for node %s", self.node, extra={"node": self.node})
+        self.renewer = None
+        self.renewal_error = None
+        self.lease_held = False
+
+    def stop_pods(self) -> None:
+        if self.pods_task is not None:
+            self.pods_task.cancel()
+            log.info("pod watch stopped for node %s", self.node, extra={"node": self.node})
+        self.pods_task = None
+        self.pods = None
+
+    def stop(self) -> None:
+        """Stop every task of the record (terminal maintenance or forgetting it)."""
+        self.stop_drain()
+        self.stop_renewer()
+        self.stop_pods()
+
+
+class Memories:
+    """The records of every maintenance this leader works on."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, Memory] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[Memory]:
+        return iter(list(self._records.values()))
+
+    def get(self, name: str) -> Memory | None:
+        return self._records.get(name)
+
+    def recall(self, name: str, node: str) -> Memory:
+        """The record for the CR, created on first use."""
+        record = self._records.get(name)
+        if record is not None and record.node != node:  # cannot happen: nodeName is immutable
+            self.forget(name)
+            record = None
+        if record is None:
+            record = self._records[name] = Memory(name=name, node=node)
+        return record
+
+    def forget(self, name: str) -> None:
+        record = self._records.pop(name, None)
+        if record is not None:
+            record.forgotten = True
+            record.stop()
+            log.debug("maintenance %s forgotten", name, extra={"maintenance": name})
+
+    def forget_all(self) -> None:
+        for name in list(self._records):
+            self.forget(name)
+
+    @property
+    def tasks(self) -> int:
+        """Background tasks alive across every record (for tests and metrics)."""
+        alive = 0
+        for record in self._records.values():
+            alive += sum(1 for t in (record.renewer, record.pods_task) if t and not t.done())
+            alive += sum(1 for t in record.evictions if not t.done())
+        return alive
