@@ -1,16 +1,23 @@
-"""Eviction answers and what the drainer makes of them (behavior.md A4, B2, B9)."""
+"""Eviction answers and what the evictor makes of them (behavior.md A4, B2, B9).
+
+The evictor records each answer in the pod's drain state; the pure survey
+(:func:`nmo.core.maintenance.drainstate.survey`) then reports it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 import respx
 
-from nmo.core.drain import Drainer
+from nmo.core.drain import Evictor
 from nmo.core.kube import Kube
+from nmo.core.maintenance.drainstate import Survey, survey
+from nmo.core.memory import Memory
 from nmo.core.metrics import Metrics
 
 
@@ -54,20 +61,21 @@ MULTI_500 = httpx.Response(
 )  # fmt: skip
 
 
-async def drive(kube: Kube, pods: list[dict[str, Any]]) -> tuple[Drainer, list[str], Metrics]:
+def look(record: Memory, pods: list[dict[str, Any]]) -> Survey:
+    return survey(record.drain, pods, tick=asyncio.get_running_loop().time(), now=datetime.now(UTC))
+
+
+async def drive(kube: Kube, pods: list[dict[str, Any]]) -> tuple[Memory, list[str], Metrics]:
+    """Start every pod's eviction as a pass would, and wait for the answers."""
     changed: list[str] = []
-    done = asyncio.Event()
     metrics = Metrics()
-
-    def on_change(node: str) -> None:
-        changed.append(node)
-        if len(changed) >= len(pods):
-            done.set()
-
-    drainer = Drainer(kube, max_parallel=2, on_change=on_change, metrics=metrics)
-    drainer.sync("n1", pods)
-    await asyncio.wait_for(done.wait(), 5)
-    return drainer, changed, metrics
+    record = Memory(name="nm-1", node="n1")
+    evictor = Evictor(kube, max_parallel=2, on_change=changed.append, metrics=metrics)
+    plan = look(record, pods)
+    assert [p["metadata"]["name"] for p in plan.due] == [p["metadata"]["name"] for p in pods]
+    evictor.start(record, tuple(plan.due))
+    await asyncio.wait_for(asyncio.gather(*record.evictions), 5)
+    return record, changed, metrics
 
 
 @pytest.mark.parametrize(
@@ -89,11 +97,13 @@ async def test_eviction_answers(
     outcome: str,
 ) -> None:
     route = api_server.post(eviction("p")).mock(return_value=response)
-    drainer, changed, metrics = await drive(kube, [pod("p")])
-    assert changed == ["n1"]
-    assert route.call_count == 1  # the drainer owns retries, not the boundary
-    report = drainer.sync("n1", [pod("p")])
-    assert route.call_count == 1, "retried before its backoff expired"
+    record, changed, metrics = await drive(kube, [pod("p")])
+    # an eviction wakes the CR through the pod watch; every other answer directly
+    assert changed == ([] if outcome == "evicted" else ["nm-1"])
+    assert route.call_count == 1  # the evictor owns retries, not the boundary
+    again = look(record, [pod("p")])
+    assert again.due == [], "due again before its backoff expired"
+    report = again.report
     (detail,) = report.details
     assert detail.reason == reason
     assert detail.disruption_budget == pdb
@@ -109,10 +119,13 @@ async def test_gone_pods_and_replaced_uids_leave_the_pending_list(
 ) -> None:
     api_server.post(eviction("a")).respond(404, json={"message": "not found"})
     api_server.post(eviction("b")).respond(201, json={})
-    drainer, _, metrics = await drive(kube, [pod("a"), pod("b", uid="old")])
+    record, _, metrics = await drive(kube, [pod("a"), pod("b", uid="old")])
     assert metrics.evictions.labels(outcome="gone")._value.get() == 1
     # a is gone from the cache; b came back with a new UID (a new pod, same name)
-    report = drainer.sync("n1", [pod("b", uid="new")])
+    after = look(record, [pod("b", uid="new")])
+    assert sorted(after.stale) == ["ns/a", "ns/b"]
+    assert [p["metadata"]["uid"] for p in after.due] == ["new"]
+    report = after.report
     assert [d.name for d in report.details] == ["b"]
     assert report.details[0].reason != "Terminating"
 
@@ -132,16 +145,14 @@ async def test_parallelism_is_bounded(api_server: respx.MockRouter, kube: Kube) 
 
     for i in range(6):
         api_server.post(eviction(f"p{i}")).mock(side_effect=slow)
-    changed: list[str] = []
-    drainer = Drainer(kube, max_parallel=2, on_change=changed.append, metrics=Metrics())
-    drainer.sync("n1", [pod(f"p{i}", uid=f"u{i}") for i in range(6)])
+    record = Memory(name="nm-1", node="n1")
+    evictor = Evictor(kube, max_parallel=2, on_change=lambda _n: None, metrics=Metrics())
+    evictor.start(record, tuple(pod(f"p{i}", uid=f"u{i}") for i in range(6)))
     for _ in range(20):
         await asyncio.sleep(0)
     assert peak == 2
     release.set()
-    for _ in range(200):
-        if len(changed) == 6:
-            break
-        await asyncio.sleep(0)
-    assert len(changed) == 6
+    await asyncio.wait_for(asyncio.gather(*record.evictions), 5)
+    assert evictor.evictions_started == 6
+    assert all(s.evicted for s in record.drain.values())
     assert peak == 2

@@ -9,7 +9,8 @@ import pytest
 import respx
 
 from nmo.core.kube import Kube
-from nmo.core.lease import Action, LeaseClient, LeaseHeldError, format_micro
+from nmo.core.lease import LeaseClient, LeaseHeldError
+from nmo.core.maintenance.lease import Action, format_micro
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"
 NODE = {"metadata": {"name": "n1", "uid": "u1"}}

@@ -1,0 +1,457 @@
+"""The maintenance planner as tables (kopf-style matrices, no cluster, no I/O).
+
+The main matrix crosses phase x deletion x finalizer x lease state x node
+state x drain state x duplicate rank and checks, for every combination, the
+invariants the operator's behaviour rests on (behavior.md A2-A5, B4-B9).
+Focused tables follow for duplicate ranking, lease counting, adoption of a
+CR the Go NMO started, the leave paths and the status write rules.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from nmo.api import constants as c
+from nmo.api.models import NodeMaintenance, Phase
+from nmo.core.maintenance import planner
+from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
+from nmo.core.maintenance.node import PriorState, in_maintenance
+from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Recall, Work
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+CREATED = "2026-12-01T11:00:00Z"
+NOT_CORDONED = PriorState()
+Obj = dict[str, Any]
+
+
+def nm_obj(
+    name: str = "nm-1",
+    node: str = "n1",
+    *,
+    phase: Phase | None = None,
+    finalizer: bool = True,
+    deleting: bool = False,
+    created: str = CREATED,
+    prior: PriorState | None = NOT_CORDONED,
+    owned: bool = True,
+    status: Obj | None = None,
+) -> NodeMaintenance:
+    meta: Obj = {
+        "name": name,
+        "uid": f"uid-{name}",
+        "resourceVersion": "10",
+        "creationTimestamp": created,
+        "finalizers": [c.FINALIZER] if finalizer else [],
+        "annotations": {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()} if prior else {},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": "node-uid"}]
+        if owned
+        else [],
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-01T11:59:00Z"
+    st: Obj = dict(status or {})
+    if phase is not None:
+        st.setdefault("phase", phase.value)
+    return NodeMaintenance.from_api(
+        {"metadata": meta, "spec": {"nodeName": node, "reason": "test"}, "status": st}
+    )
+
+
+def node_obj(
+    *, cordoned: bool = False, maintenance: bool = False, label: bool = False, name: str = "n1"
+) -> Obj:
+    taints: list[Obj] = [{"key": "other", "effect": "NoExecute"}]
+    if maintenance:
+        taints += [{"key": k, "effect": c.TAINT_EFFECT} for k in c.MAINTENANCE_TAINT_KEYS]
+    labels = {"kubernetes.io/hostname": name}
+    if label or maintenance:
+        labels[c.EXCLUDE_FROM_REMEDIATION_LABEL] = "true"
+    return {
+        "metadata": {"name": name, "uid": "node-uid", "resourceVersion": "7", "labels": labels},
+        "spec": {"taints": taints, "unschedulable": cordoned or maintenance},
+    }
+
+
+def pod(name: str, *, ds: bool = False, terminating: bool = False, uid: str = "") -> Obj:
+    meta: Obj = {"name": name, "namespace": "app", "uid": uid or f"u-{name}"}
+    if ds:
+        meta["ownerReferences"] = [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "controller": True}
+        ]
+    if terminating:
+        meta["deletionTimestamp"] = "2026-12-01T12:00:30Z"
+        meta["deletionGracePeriodSeconds"] = 30
+    return {"metadata": meta, "spec": {"nodeName": "n1"}}
+
+
+def observed(nm: NodeMaintenance, **kw: Any) -> Observed:
+    defaults: dict[str, Any] = {
+        "others": (),
+        "node": node_obj(maintenance=True),
+        "pods": (),
+        "daemonsets": {"app/ds": True},
+        "drain": {},
+        "recall": Recall(lease_held=True),
+        "now": NOW,
+        "tick": 100.0,
+    }
+    defaults.update(kw)
+    return Observed(nm=nm, **defaults)
+
+
+# -- the main matrix ---------------------------------------------------------
+
+PHASES = [None, Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED]
+NODES = {
+    "missing": None,
+    "plain": node_obj(),
+    "in-maintenance": node_obj(maintenance=True),
+    "cordoned-before": node_obj(cordoned=True),
+}
+LEASES = {
+    "held": Recall(lease_held=True),
+    "not-held": Recall(lease_held=False),
+    "renewal-failed": Recall(lease_held=False, renewal_error="renew failed"),
+}
+DRAINS: dict[str, tuple[Obj, ...] | None] = {
+    "unsynced": None,
+    "only-daemonset": (pod("ds-pod", ds=True),),
+    "pending": (pod("a"), pod("b"), pod("ds-pod", ds=True)),
+    "terminating": (pod("a", terminating=True),),
+}
+RANKS = ["alone", "older-other", "younger-other"]
+
+
+def _others(rank: str) -> tuple[NodeMaintenance, ...]:
+    if rank == "older-other":
+        return (nm_obj("nm-0", created="2026-12-01T10:00:00Z", phase=Phase.RUNNING),)
+    if rank == "younger-other":
+        return (nm_obj("nm-2", created="2026-12-01T11:30:00Z"),)
+    return ()
+
+
+MATRIX = list(itertools.product(PHASES, [False, True], [True, False], LEASES, NODES, DRAINS, RANKS))
+
+
+@pytest.mark.parametrize(
+    ("phase", "deleting", "finalizer", "lease", "node_state", "drain", "rank"), MATRIX
+)
+def test_matrix(
+    phase: Phase | None,
+    deleting: bool,
+    finalizer: bool,
+    lease: str,
+    node_state: str,
+    drain: str,
+    rank: str,
+) -> None:
+    nm = nm_obj(phase=phase, finalizer=finalizer, deleting=deleting)
+    obs = observed(
+        nm,
+        others=_others(rank),
+        node=NODES[node_state],
+        pods=DRAINS[drain],
+        recall=LEASES[lease],
+    )
+    plan = planner.plan(obs)
+    reasons = [e.event[0] for e in plan.events]
+
+    # Invariants that hold in every cell.
+    assert plan.evict == () or plan.node_patch is not None or in_maintenance(obs.node or {}), (
+        "evictions are only planned for a node that is (or is being) cordoned"
+    )
+    assert all(p["metadata"].get("deletionTimestamp") is None for p in plan.evict)
+    assert all(p["metadata"]["name"] != "ds-pod" for p in plan.evict), "DaemonSet pods stay"
+    assert len(reasons) == len(set(reasons)), "an event fires at most once per pass"
+
+    if deleting:
+        assert plan.work is Work.FORGET
+        assert plan.evict == () and plan.status is None
+        if not finalizer:
+            assert plan == Plan(work=Work.FORGET), "nothing to undo without our finalizer"
+            return
+        assert plan.metadata == {"finalizers": []}
+        assert reasons[-1] == "RemovedMaintenance"
+        assert plan.lease is LeaseStep.RELEASE
+        if node_state in ("in-maintenance", "plain"):
+            # prior state: not cordoned, so leaving uncordons the in-maintenance node
+            assert (plan.node_patch is not None) == (node_state == "in-maintenance")
+        assert ("UncordonNode" in reasons) == (node_state in ("in-maintenance", "cordoned-before"))
+        return
+
+    if phase is Phase.FAILED:
+        assert plan.work is Work.STOP and plan.result.terminal
+        assert plan.metadata is None and plan.status is None and plan.events == ()
+        return
+
+    if not finalizer:
+        assert plan.metadata is not None and c.FINALIZER in plan.metadata["finalizers"]
+        assert reasons[0] == "BeginMaintenance"
+    else:
+        assert "BeginMaintenance" not in reasons
+
+    if rank == "older-other":
+        assert plan.status is not None and plan.status.phase is Phase.FAILED
+        assert plan.status.last_error == c.Messages.WEBHOOK_DUPLICATE.format(node="n1")
+        assert reasons[-1] == "FailedMaintenance" and plan.work is Work.STOP
+        assert plan.lease is LeaseStep.NONE and plan.node_patch is None and plan.evict == ()
+        return
+
+    if node_state == "missing":
+        assert plan.status is not None and plan.status.phase is Phase.FAILED
+        assert plan.status.last_error == c.Messages.NODE_NOT_FOUND.format(node="n1")
+        assert reasons[-1] == "FailedMaintenance" and plan.result.terminal
+        assert plan.lease is LeaseStep.NONE and plan.node_patch is None
+        return
+
+    expected_lease = {
+        "held": LeaseStep.NONE,
+        "not-held": LeaseStep.REQUEST,
+        "renewal-failed": LeaseStep.FORCE,
+    }[lease]
+    assert plan.lease is expected_lease
+    assert (plan.node_patch is None) == (node_state == "in-maintenance")
+    assert plan.work is Work.RUN and not plan.result.terminal
+
+    if drain == "unsynced":
+        assert plan.evict == ()
+        assert plan.result.requeue_after == planner.SETTINGS.pods_wait
+        return
+    if drain == "only-daemonset":
+        assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED
+        assert plan.status.drain_progress == 100
+        assert ("SucceedMaintenance" in reasons) == (phase is not Phase.SUCCEEDED)
+        assert plan.result.requeue_after is None
+        return
+    assert plan.status is not None and plan.status.phase is Phase.RUNNING
+    if drain == "pending":
+        assert sorted(p["metadata"]["name"] for p in plan.evict) == ["a", "b"]
+        assert plan.status.pending_pods == ["a", "b"]
+    else:  # a terminating pod is waited for, not evicted again
+        assert plan.evict == ()
+        assert plan.status.pending_pods_details[0].reason == "Terminating"
+    assert "SucceedMaintenance" not in reasons
+    assert plan.result.requeue_after is not None and plan.result.requeue_after > 0
+
+
+def test_matrix_is_the_full_product() -> None:
+    assert len(MATRIX) == 4 * 2 * 2 * 3 * 4 * 4 * 3
+
+
+# -- duplicate ranking (B8) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "older"),
+    [
+        # (phase, created) of this CR and of the other one
+        ((None, "2026-12-01T11:00:00Z"), (None, "2026-12-01T10:00:00Z"), True),
+        ((None, "2026-12-01T11:00:00Z"), (None, "2026-12-01T12:00:00Z"), False),
+        # a started CR outranks an older one that has not started
+        ((Phase.RUNNING, "2026-12-01T11:00:00Z"), (None, "2026-12-01T10:00:00Z"), False),
+        ((None, "2026-12-01T10:00:00Z"), (Phase.RUNNING, "2026-12-01T11:00:00Z"), True),
+        # same second: the name decides (nm-0 < nm-1)
+        ((None, "2026-12-01T11:00:00Z"), (None, "2026-12-01T11:00:00Z"), True),
+        # a CR that already failed as a duplicate never outranks anyone
+        ((None, "2026-12-01T11:00:00Z"), ("dup", "2026-12-01T10:00:00Z"), False),
+    ],
+)
+def test_duplicate_ranking(
+    mine: tuple[Phase | None, str], other: tuple[Phase | str | None, str], older: bool
+) -> None:
+    me = nm_obj("nm-1", phase=mine[0], created=mine[1])
+    if other[0] == "dup":
+        them = nm_obj(
+            "nm-0",
+            created=other[1],
+            status={
+                "phase": "Failed",
+                "lastError": c.Messages.WEBHOOK_DUPLICATE.format(node="n1"),
+            },
+        )
+    else:
+        them = nm_obj("nm-0", phase=Phase(other[0]) if other[0] else None, created=other[1])
+    assert (planner.older_duplicate(me, (them,)) == "nm-0") is older
+
+
+def test_a_cr_for_another_node_is_not_a_duplicate() -> None:
+    me = nm_obj("nm-1")
+    them = nm_obj("nm-0", node="n2", created="2026-12-01T10:00:00Z")
+    assert planner.older_duplicate(me, (them,)) is None
+
+
+# -- lease counting (A5) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("foreign", "progress", "count", "counted", "fails"),
+    [
+        (True, 0, 0, False, False),  # someone else holds it before we began: wait
+        (True, 40, 0, True, False),  # we had made progress: it used to be ours
+        (False, 0, 0, True, False),  # API error: always counted
+        (False, 0, c.MAX_LEASE_ERRORS - 1, True, False),
+        (False, 0, c.MAX_LEASE_ERRORS, True, True),  # past the limit: Failed
+        (True, 0, c.MAX_LEASE_ERRORS, False, False),  # uncounted never fails
+    ],
+)
+def test_lease_failure(
+    foreign: bool, progress: int, count: int, counted: bool, fails: bool
+) -> None:
+    nm = nm_obj(
+        phase=Phase.RUNNING,
+        status={"drainProgress": progress, "errorOnLeaseCount": count},
+    )
+    obs = observed(nm, node=node_obj(maintenance=True))
+    plan = planner.plan_lease_failure(obs, error="boom", foreign=foreign)
+    assert plan.status is not None
+    assert plan.status.error_on_lease_count == count + (1 if counted else 0)
+    if fails:
+        assert plan.status.phase is Phase.FAILED
+        assert plan.status.last_error == c.Messages.LEASE_EXHAUSTED.format(count=count + 1)
+        assert plan.node_patch is not None and plan.restore, "the node is restored"
+        assert [e.event for e in plan.events] == [c.EVENT_FAILED]
+        assert plan.work is Work.STOP and plan.result.terminal
+    else:
+        assert plan.status.phase is Phase.RUNNING and plan.status.last_error == "boom"
+        assert plan.node_patch is None and plan.evict == ()
+        assert plan.result.requeue_after == planner.SETTINGS.lease_retry
+
+
+def test_lease_failure_on_the_first_pass_still_starts_the_status() -> None:
+    obs = observed(nm_obj(), node=node_obj(), pods=(pod("a"),), recall=Recall())
+    plan = planner.plan_lease_failure(obs, error="held by nhc", foreign=True)
+    assert plan.status is not None and plan.status.phase is Phase.RUNNING
+    assert plan.status.eviction_pods == 1 and plan.status.error_on_lease_count == 0
+
+
+def test_a_successful_request_clears_the_error_count() -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"errorOnLeaseCount": 2})
+    plan = planner.plan(observed(nm, recall=Recall(lease_held=False)))
+    assert plan.lease is LeaseStep.REQUEST
+    assert plan.status is not None and plan.status.error_on_lease_count == 0
+
+
+# -- ownership, prior state and adoption (B6, B7) ----------------------------
+
+
+def test_first_pass_records_owner_and_prior_state() -> None:
+    nm = nm_obj(finalizer=False, prior=None, owned=False)
+    plan = planner.plan(observed(nm, node=node_obj(cordoned=True), recall=Recall()))
+    assert plan.metadata is not None
+    assert plan.metadata["ownerReferences"][0]["uid"] == "node-uid"
+    prior = json.loads(plan.metadata["annotations"][c.PRIOR_STATE_ANNOTATION])
+    assert prior["unschedulable"] is True
+
+
+def test_adopting_a_cr_the_go_nmo_started_assumes_it_cordoned() -> None:
+    """A Running CR without nmo's annotation: the Go NMO cordoned the node."""
+    nm = nm_obj(phase=Phase.RUNNING, prior=None)
+    plan = planner.plan(observed(nm, node=node_obj(maintenance=True)))
+    assert plan.metadata is not None
+    annotation = plan.metadata["annotations"][c.PRIOR_STATE_ANNOTATION]
+    assert PriorState.from_annotation(annotation) == PriorState()
+    assert plan.node_patch is None, "the node is already in maintenance"
+    assert "BeginMaintenance" not in [e.event[0] for e in plan.events]
+    # ... so leaving it uncordons, as the Go NMO would
+    gone = nm_obj(phase=Phase.RUNNING, deleting=True, prior=PriorState())
+    leave = planner.plan(observed(gone, node=node_obj(maintenance=True)))
+    assert [e.event[0] for e in leave.events] == ["UncordonNode", "RemovedMaintenance"]
+
+
+def test_leaving_keeps_a_cordon_that_was_there_before() -> None:
+    nm = nm_obj(deleting=True, prior=PriorState(unschedulable=True))
+    plan = planner.plan(observed(nm, node=node_obj(maintenance=True)))
+    assert plan.node_patch is not None
+    assert not any(op.get("path") == "/spec/unschedulable" for op in plan.node_patch)
+    assert "UncordonNode" not in [e.event[0] for e in plan.events]
+
+
+def test_a_duplicate_leaves_without_touching_node_or_lease() -> None:
+    nm = nm_obj(
+        deleting=True,
+        status={"phase": "Failed", "lastError": c.Messages.WEBHOOK_DUPLICATE.format(node="n1")},
+    )
+    plan = planner.plan(observed(nm, node=node_obj(maintenance=True)))
+    assert plan.lease is LeaseStep.NONE and plan.node_patch is None
+    assert plan.metadata == {"finalizers": []}
+    assert [e.event[0] for e in plan.events] == ["RemovedMaintenance"]
+
+
+# -- status writes -----------------------------------------------------------
+
+
+def _running_with(pending: list[str]) -> NodeMaintenance:
+    return nm_obj(
+        phase=Phase.RUNNING,
+        status={
+            "evictionPods": 3,
+            "totalpods": 3,
+            "drainProgress": 0,
+            "pendingPods": pending,
+        },
+    )
+
+
+@pytest.mark.parametrize(("ago", "writes"), [(None, True), (0.3, False), (1.5, True)])
+def test_progress_is_written_at_most_once_per_interval(ago: float | None, writes: bool) -> None:
+    nm = _running_with(["a", "b", "c"])
+    obs = observed(nm, pods=(pod("a"),), recall=Recall(lease_held=True, status_written_ago=ago))
+    plan = planner.plan(obs)
+    assert (plan.status is not None) is writes
+    if not writes:
+        assert ago is not None and plan.result.requeue_after is not None
+        assert plan.result.requeue_after <= planner.SETTINGS.status_interval - ago + 1e-9
+
+
+def test_completion_is_never_held_back_by_the_interval() -> None:
+    obs = observed(
+        _running_with(["a"]), pods=(), recall=Recall(lease_held=True, status_written_ago=0.01)
+    )
+    plan = planner.plan(obs)
+    assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED
+
+
+def test_a_status_the_server_pruned_is_not_rewritten_every_pass() -> None:
+    nm = _running_with(["a", "b", "c"])
+    first = planner.plan(observed(nm, pods=(pod("a"),)))
+    assert first.status is not None
+    recall = Recall(
+        lease_held=True, status_written_ago=5.0, last_written=planner.fingerprint(first.status)
+    )
+    again = planner.plan(observed(nm, pods=(pod("a"),), recall=recall))
+    assert again.status is None
+    later = planner.plan(
+        observed(nm, pods=(pod("a"),), recall=replace(recall, status_written_ago=120.0))
+    )
+    assert later.status is not None
+
+
+def test_blocked_pods_are_listed_first_with_their_budget() -> None:
+    states = {
+        "app/b": PodDrainState(
+            uid="u-b", reason=REASON_PDB, message="needs 2", pdb="web", next_attempt=500.0
+        )
+    }
+    obs = observed(_running_with(["a", "b"]), pods=(pod("a"), pod("b")), drain=states)
+    plan = planner.plan(obs)
+    assert [p["metadata"]["name"] for p in plan.evict] == ["a"], "b waits for its backoff"
+    assert plan.status is not None
+    first = plan.status.pending_pods_details[0]
+    assert (first.name, first.reason, first.disruption_budget) == ("b", REASON_PDB, "web")
+    assert plan.status.last_error is not None and "needs 2" in plan.status.last_error
+    assert plan.result.requeue_after is not None
+    assert plan.result.requeue_after <= 400.0 or plan.result.requeue_after == 60.0
+
+
+def test_drain_duration_is_reported_once() -> None:
+    created = (NOW - timedelta(seconds=42)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    nm = nm_obj(phase=Phase.RUNNING, created=created)
+    assert planner.plan(observed(nm, pods=())).drain_seconds == 42.0
+    done = nm_obj(phase=Phase.SUCCEEDED, created=created)
+    assert planner.plan(observed(done, pods=())).drain_seconds is None
