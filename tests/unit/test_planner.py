@@ -455,3 +455,10 @@ def test_drain_duration_is_reported_once() -> None:
     assert planner.plan(observed(nm, pods=())).drain_seconds == 42.0
     done = nm_obj(phase=Phase.SUCCEEDED, created=created)
     assert planner.plan(observed(done, pods=())).drain_seconds is None
+
+
+@pytest.mark.parametrize("foreign", [True, False])
+def test_lease_failure_on_a_new_cr_still_records_begin(foreign: bool) -> None:
+    obs = observed(nm_obj(finalizer=False), node=node_obj(), recall=Recall())
+    plan = planner.plan_lease_failure(obs, error="x", foreign=foreign)
+    assert [e.event for e in plan.events] == [c.EVENT_BEGIN]

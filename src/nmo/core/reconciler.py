@@ -10,8 +10,9 @@ repeated on fresh state. A pass never waits on pods: evictions run as tasks
 and their answers (or a pod event seen by the node's pod watch) wake the
 next pass.
 
-Order matters and is fixed here: entering, the finalizer is written first
-and evictions start only once the node is cordoned; leaving, the node is
+Order matters and is fixed here: entering, the finalizer is written first,
+then the lease, the node (label, taints, cordon), the status, and only then
+do evictions start; leaving, the node is
 restored and the lease released before the finalizer goes, so a failure
 half-way leaves the CR (and its finalizer) in place to retry.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -187,25 +189,29 @@ class Reconciler:
             self.renewers.start(record, obs.node)
         if plan.work is Work.RUN:
             self.watch_pods(record)
-        raw = await self._write_status(raw, plan, record)
         if plan.node_patch is not None and obs.node is not None:
             try:
                 await self.kube.json_patch(node_path(obs.nm.spec.node_name), plan.node_patch)
             except KubeError as exc:
-                if exc.status_code in (404, 409, 422):  # failed resourceVersion test
-                    log.info(
-                        "maintenance %s: node %s changed meanwhile, retrying",
-                        name,
-                        obs.nm.spec.node_name,
-                    )
-                    return Result(requeue_after=0.2)
-                raise
+                if exc.status_code not in (404, 409, 422):  # 409/422: failed resourceVersion test
+                    raise
+                log.info(
+                    "maintenance %s: node %s changed meanwhile, retrying",
+                    name,
+                    obs.nm.spec.node_name,
+                )
+                # Nothing more before the node is cordoned: the next pass re-plans
+                # it all; only the event of the finalizer written above fires now.
+                begun = tuple(e for e in plan.events if e.event == c.EVENT_BEGIN)
+                await self._finish(raw, obs, replace(plan, events=begun, notes=()), record)
+                return Result(requeue_after=0.2)
             log.info(
                 "maintenance %s: node %s labelled, tainted and cordoned",
                 name,
                 obs.nm.spec.node_name,
                 extra=_ctx(obs.nm),
             )
+        raw = await self._write_status(raw, plan, record)
         for key in plan.drop:
             record.drain.pop(key, None)
         if plan.evict:

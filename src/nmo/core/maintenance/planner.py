@@ -268,6 +268,8 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
     st = _started(obs)
     counted = not (foreign and not (st.drain_progress or 0))
     new = status.lease_error(st, error=error, counted=counted, now=obs.now)
+    # The finalizer went in before the lease step: its event still fires.
+    begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
     if new.phase is Phase.FAILED:
         restore = None
         if obs.node is not None:
@@ -277,13 +279,14 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
             node_patch=restore,
             restore=restore is not None,
             drop=tuple(obs.drain),
-            events=(Emit(c.EVENT_FAILED, warning=True),),
+            events=(*begun, Emit(c.EVENT_FAILED, warning=True)),
             work=Work.STOP,
             result=TERMINAL,
             notes=(f"failed: {new.last_error}",),
         )
     return Plan(
         status=new,
+        events=begun,
         result=Result(requeue_after=SETTINGS.lease_retry),
         notes=(
             ("failed to extend a lease that used to be owned by us: " + error)
