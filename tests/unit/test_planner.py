@@ -462,3 +462,10 @@ def test_lease_failure_on_a_new_cr_still_records_begin(foreign: bool) -> None:
     obs = observed(nm_obj(finalizer=False), node=node_obj(), recall=Recall())
     plan = planner.plan_lease_failure(obs, error="x", foreign=foreign)
     assert [e.event for e in plan.events] == [c.EVENT_BEGIN]
+
+
+def test_lease_failure_before_the_pods_are_known_waits_for_them() -> None:
+    obs = observed(nm_obj(), node=node_obj(), pods=None, recall=Recall())
+    plan = planner.plan_lease_failure(obs, error="x", foreign=False)
+    assert plan.status is None, "no status without the starting figures"
+    assert plan.result.requeue_after == planner.SETTINGS.pods_wait

@@ -171,6 +171,8 @@ class Reconciler:
         name = obs.nm.metadata.name
         if plan.metadata:
             raw = await self._patch_metadata(raw, plan.metadata)
+        if plan.work is Work.RUN:
+            self.watch_pods(record)
         if plan.lease in (LeaseStep.REQUEST, LeaseStep.FORCE) and obs.node is not None:
             try:
                 await self.leases.request(obs.node, obs.now, force=plan.lease is LeaseStep.FORCE)
@@ -187,8 +189,6 @@ class Reconciler:
             if record.forgotten:
                 return DONE  # the CR went away during the request
             self.renewers.start(record, obs.node)
-        if plan.work is Work.RUN:
-            self.watch_pods(record)
         if plan.node_patch is not None and obs.node is not None:
             try:
                 await self.kube.json_patch(node_path(obs.nm.spec.node_name), plan.node_patch)

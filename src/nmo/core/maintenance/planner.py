@@ -266,10 +266,13 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
     CR is Failed with the lease exhausted message.
     """
     st = _started(obs)
+    begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
+    if st.phase is None:
+        # The node's pods are not known yet: the error is recorded with the
+        # starting figures (phase Running) once its pod watch has synced.
+        return Plan(events=begun, result=Result(requeue_after=SETTINGS.pods_wait))
     counted = not (foreign and not (st.drain_progress or 0))
     new = status.lease_error(st, error=error, counted=counted, now=obs.now)
-    # The finalizer went in before the lease step: its event still fires.
-    begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
     if new.phase is Phase.FAILED:
         restore = None
         if obs.node is not None:
