@@ -86,7 +86,7 @@ def test_leave_without_prior_state_does_what_nmo_does() -> None:
     assert after["spec"]["taints"] == [OTHER]
     assert after["spec"]["unschedulable"] is False
     assert after["metadata"]["labels"] == {}
-    assert nodeplan.uncordons(during, None)
+    assert nodeplan.restore(during, None).uncordon
 
 
 def test_previously_cordoned_node_is_not_uncordoned() -> None:
@@ -94,7 +94,7 @@ def test_previously_cordoned_node_is_not_uncordoned() -> None:
     during = node(unschedulable=True, taints=[UNSCHED, DRAIN])
     after = apply_patch(during, nodeplan.leave_patch(during, prior) or [])
     assert after["spec"]["unschedulable"] is True
-    assert not nodeplan.uncordons(during, prior)
+    assert not nodeplan.restore(during, prior).uncordon
 
 
 def test_nothing_to_undo_gives_no_patch() -> None:

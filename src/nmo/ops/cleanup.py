@@ -33,7 +33,7 @@ from nmo.api import constants as c
 from nmo.core.errors import NotFound
 from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.lease import lease_times
-from nmo.core.maintenance.node import PriorState
+from nmo.core.maintenance.node import PriorState, restore
 
 Obj = dict[str, Any]
 
@@ -107,15 +107,6 @@ def prior_from(maintenances: list[Obj]) -> tuple[PriorState | None, str]:
     return None, ""
 
 
-def _taint_text(taint: Obj) -> str:
-    value = f"={taint['value']}" if taint.get("value") else ""
-    return f"{taint.get('key')}{value}:{taint.get('effect')}"
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
 @dataclass
 class _Draft:
     steps: list[Step] = field(default_factory=list)
@@ -126,66 +117,26 @@ class _Draft:
 def _node_changes(
     node: Obj, maintenances: list[Obj], our_lease: bool, draft: _Draft
 ) -> list[Obj] | None:
-    name = str(node["metadata"]["name"])
-    target = f"node/{name}"
-    spec = node.get("spec") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
-    taints: list[Obj] = list(spec.get("taints") or [])
+    taints: list[Obj] = list((node.get("spec") or {}).get("taints") or [])
     prior, prior_cr = prior_from(maintenances)
-    recorded = f"recorded on nodemaintenance/{prior_cr}"
-    ours = [t for t in taints if t.get("key") in c.MAINTENANCE_TAINT_KEYS]
-    ours = [t for t in ours if t.get("effect") == c.TAINT_EFFECT]
     evidence = (
-        any(t.get("key") == c.DRAIN_TAINT_KEY for t in ours)
+        any(t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints)
         or any(k in labels for k in LABEL_KEYS)
         or bool(maintenances)
         or our_lease
     )
-    cordoned = bool(spec.get("unschedulable"))
-    uncordon = False
-    if cordoned and prior is not None and prior.unschedulable:
-        draft.kept.append(
-            f"{target}: stays cordoned, it was cordoned before the maintenance ({recorded})"
-        )
-    elif cordoned and not evidence:
-        draft.kept.append(
-            f"{target}: cordoned, but shows no sign of a maintenance; left alone "
-            f"(kubectl uncordon {name} if you mean it)"
-        )
-    elif cordoned:
-        uncordon = True
-        draft.steps.append(Step(StepKind.UNCORDON, target, "uncordon (spec.unschedulable=false)"))
-    keep: list[Obj] = []
-    for taint in taints:
-        text = _taint_text(taint)
-        if taint not in ours:
-            keep.append(taint)
-            draft.kept.append(f"{target}: taint {text} is not nmo's")
-        elif prior is not None and taint.get("key") in prior.taints:
-            keep.append(taint)
-            draft.kept.append(f"{target}: taint {text} existed before the maintenance ({recorded})")
-        elif taint.get("key") == c.UNSCHEDULABLE_TAINT_KEY and cordoned and not uncordon:
-            keep.append(taint)
-            draft.kept.append(f"{target}: taint {text} stays with the cordon")
-        else:
-            draft.steps.append(Step(StepKind.REMOVE_TAINT, target, f"remove taint {text}"))
-    ops: list[Obj] = []
-    if len(keep) != len(taints):
-        ops.append({"op": "replace", "path": "/spec/taints", "value": keep})
-    if uncordon:
-        ops.append({"op": "replace", "path": "/spec/unschedulable", "value": False})
-    for key in LABEL_KEYS:
-        if key not in labels:
-            continue
-        if key == c.EXCLUDE_FROM_REMEDIATION_LABEL and prior is not None and prior.label:
-            draft.kept.append(f"{target}: label {key} existed before the maintenance ({recorded})")
-            continue
-        draft.steps.append(Step(StepKind.REMOVE_LABEL, target, f"remove label {key}"))
-        ops.append({"op": "remove", "path": f"/metadata/labels/{_escape(key)}"})
-    if not ops:
-        return None
-    rv = node["metadata"].get("resourceVersion", "")
-    return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
+    plan = restore(
+        node,
+        prior,
+        labels=LABEL_KEYS,
+        cordon_is_ours=evidence,
+        recorded=f"recorded on nodemaintenance/{prior_cr}",
+    )
+    target = f"node/{node['metadata']['name']}"
+    draft.steps.extend(Step(StepKind(kind), target, what) for kind, what in plan.removed)
+    draft.kept.extend(plan.kept)
+    return plan.ops
 
 
 def plan_cleanup(

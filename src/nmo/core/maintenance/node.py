@@ -123,33 +123,99 @@ def enter_patch(node: Node) -> list[dict[str, Any]] | None:
     return _guarded(node, ops)
 
 
-def leave_patch(node: Node, prior: PriorState | None) -> list[dict[str, Any]] | None:
-    """A guarded JSON patch restoring the node, or None if nothing to undo.
+def _taint_text(taint: dict[str, Any]) -> str:
+    value = f"={taint['value']}" if taint.get("value") else ""
+    return f"{taint.get('key')}{value}:{taint.get('effect')}"
 
-    Without a recorded prior state (a CR created by the Go NMO) this does what
-    NMO does: remove both taints, uncordon, remove the label.
+
+@dataclass(frozen=True)
+class Restore:
+    """How to take a node out of maintenance: the patch, and why, change by change."""
+
+    ops: list[dict[str, Any]] | None  # guarded JSON patch, None: nothing to undo
+    uncordon: bool = False
+    removed: tuple[
+        tuple[str, str], ...
+    ] = ()  # ("uncordon" | "remove-taint" | "remove-label", what)
+    kept: tuple[str, ...] = ()  # what stays, and why
+
+
+def restore(
+    node: Node,
+    prior: PriorState | None,
+    *,
+    labels: tuple[str, ...] = (c.EXCLUDE_FROM_REMEDIATION_LABEL,),
+    cordon_is_ours: bool = True,
+    recorded: str = "",
+) -> Restore:
+    """The one restore planner, shared by the reconciler and ``nmo cleanup`` (B7, B11).
+
+    Only nmo's marks go: the two maintenance taints with effect NoSchedule and
+    the given label keys. A recorded prior state wins: a node cordoned before
+    the maintenance stays cordoned (and keeps the unschedulable taint that
+    goes with a cordon), a taint or label that existed before stays. Without
+    a prior state (a CR the Go NMO created) this does what the Go NMO does.
+    ``cordon_is_ours=False`` (cleanup found no sign of a maintenance) leaves
+    a cordon alone: it is an admin's. ``recorded`` names where the prior
+    state came from, for the explanations.
     """
-    prior = prior or PriorState()
-    ops: list[dict[str, Any]] = []
+    name = str(node["metadata"]["name"])
+    target = f"node/{name}"
+    source = f" ({recorded})" if recorded else ""
+    removed: list[tuple[str, str]] = []
+    kept: list[str] = []
     taints = _taints(node)
-    keep = [t for t in taints if not _is_maintenance_taint(t) or t.get("key") in prior.taints]
+    cordoned = is_cordoned(node)
+    uncordon = False
+    if cordoned and prior is not None and prior.unschedulable:
+        kept.append(f"{target}: stays cordoned, it was cordoned before the maintenance{source}")
+    elif cordoned and not cordon_is_ours:
+        kept.append(
+            f"{target}: cordoned, but shows no sign of a maintenance; left alone "
+            f"(kubectl uncordon {name} if you mean it)"
+        )
+    elif cordoned:
+        uncordon = True
+        removed.append(("uncordon", "uncordon (spec.unschedulable=false)"))
+    keep: list[dict[str, Any]] = []
+    for taint in taints:
+        text = _taint_text(taint)
+        if not _is_maintenance_taint(taint):
+            keep.append(taint)
+            kept.append(f"{target}: taint {text} is not nmo's")
+        elif prior is not None and taint.get("key") in prior.taints:
+            keep.append(taint)
+            kept.append(f"{target}: taint {text} existed before the maintenance{source}")
+        elif taint.get("key") == c.UNSCHEDULABLE_TAINT_KEY and cordoned and not uncordon:
+            keep.append(taint)
+            kept.append(f"{target}: taint {text} stays with the cordon")
+        else:
+            removed.append(("remove-taint", f"remove taint {text}"))
+    ops: list[dict[str, Any]] = []
     if len(keep) != len(taints):
         ops.append({"op": "replace", "path": "/spec/taints", "value": keep})
-    if is_cordoned(node) and not prior.unschedulable:
+    if uncordon:
         ops.append({"op": "replace", "path": "/spec/unschedulable", "value": False})
-    if has_label(node) and not prior.label:
-        ops.append(
-            {
-                "op": "remove",
-                "path": f"/metadata/labels/{_escape(c.EXCLUDE_FROM_REMEDIATION_LABEL)}",
-            }
-        )
-    return _guarded(node, ops) if ops else None
+    present = (node.get("metadata") or {}).get("labels") or {}
+    for key in labels:
+        if key not in present:
+            continue
+        if key == c.EXCLUDE_FROM_REMEDIATION_LABEL and prior is not None and prior.label:
+            kept.append(f"{target}: label {key} existed before the maintenance{source}")
+            continue
+        removed.append(("remove-label", f"remove label {key}"))
+        ops.append({"op": "remove", "path": f"/metadata/labels/{_escape(key)}"})
+    return Restore(
+        ops=_guarded(node, ops) if ops else None,
+        uncordon=uncordon,
+        removed=tuple(removed),
+        kept=tuple(kept),
+    )
 
 
-def uncordons(node: Node, prior: PriorState | None) -> bool:
-    """Whether leaving maintenance uncordons the node (for the UncordonNode event)."""
-    return is_cordoned(node) and not (prior and prior.unschedulable)
+def leave_patch(node: Node, prior: PriorState | None) -> list[dict[str, Any]] | None:
+    """The guarded JSON patch restoring the node when its maintenance ends."""
+    return restore(node, prior).ops
 
 
 def _escape(key: str) -> str:

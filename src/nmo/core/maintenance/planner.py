@@ -311,9 +311,9 @@ def plan_leave(obs: Observed) -> Plan:
     events: list[Emit] = []
     restore = None
     if obs.node is not None:
-        prior = _prior(nm)
-        restore = nodeplan.leave_patch(obs.node, prior)
-        if restore is not None and nodeplan.uncordons(obs.node, prior):
+        undo = nodeplan.restore(obs.node, _prior(nm))
+        restore = undo.ops
+        if undo.uncordon:
             events.append(Emit(c.EVENT_UNCORDON, target="node"))
     return Plan(
         metadata=metadata,
