@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from nmo.core import backoff
 from nmo.core.errors import Conflict, Forbidden, KubeError, NotFound, TooManyRequests
 from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.drainstate import (
@@ -108,11 +108,10 @@ class Evictor:
                 state.next_attempt = 0.0
 
     def _backoff(self, state: PodDrainState, retry_after: float | None, base: float) -> None:
-        delay = min(self.max_backoff, base * 2 ** min(state.attempts, 10))
-        delay = random.uniform(delay / 2, delay)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.max_backoff))
-        state.next_attempt = asyncio.get_running_loop().time() + delay
+        wait = backoff.delay(
+            state.attempts, base=base, cap=self.max_backoff, retry_after=retry_after
+        )
+        state.next_attempt = asyncio.get_running_loop().time() + wait
 
     @staticmethod
     def _blocked(state: PodDrainState, reason: str, message: str, pdb: str | None = None) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ import kr8s
 import kr8s.asyncio
 
 from nmo import __version__
+from nmo.core import backoff
 from nmo.core.errors import KubeError, Transient, error_for_status
 
 log = logging.getLogger("nmo.kube")
@@ -48,11 +48,9 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Capped exponential backoff with full jitter; Retry-After is a floor."""
-        backoff = min(self.max_delay, self.base_delay * (2**attempt))
-        jittered = random.uniform(backoff / 2, backoff)
-        if retry_after is not None:
-            return min(self.max_delay, max(retry_after, jittered))
-        return jittered
+        return backoff.delay(
+            attempt, base=self.base_delay, cap=self.max_delay, retry_after=retry_after
+        )
 
 
 def parse_retry_after(value: str | None) -> float | None:

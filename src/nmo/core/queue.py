@@ -12,7 +12,8 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import random
+
+from nmo.core import backoff
 
 
 class WorkQueue:
@@ -67,8 +68,7 @@ class WorkQueue:
         """Requeue with per-key exponential backoff; returns the delay used."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay = min(self.max_delay, self.base_delay * 2**failures)
-        delay = random.uniform(delay / 2, delay)
+        delay = backoff.delay(failures, base=self.base_delay, cap=self.max_delay)
         self.add_after(key, delay)
         return delay
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nmo.core import backoff
 from nmo.core.errors import Gone, KubeError, NotFound, Transient
 from nmo.core.kube import Kube
 
@@ -192,8 +192,7 @@ class Informer:
         return delivered
 
     def _backoff(self, failures: int) -> float:
-        delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
-        return random.uniform(delay / 2, delay)
+        return backoff.delay(failures, base=0.5, cap=self.max_backoff)
 
     async def run(self) -> None:
         """Run forever (cancel to stop)."""
