@@ -32,7 +32,7 @@ from nmo.core import slim
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.events import EventRecorder
-from nmo.core.kube import Kube, api_path
+from nmo.core.kube import Kube, api_path, node_path
 from nmo.core.leader import LeaderElector, LeaderSettings
 from nmo.core.lease import LeaseClient
 from nmo.core.maintenance.drainstate import blocked_by
@@ -112,7 +112,7 @@ class Engine:
             transform=slim.maintenance,
             index=_node_of,
         )
-        self.nodes = Informer(kube, api_path("v1", "nodes"), name="nodes", transform=slim.node)
+        self.nodes = Informer(kube, node_path(), name="nodes", transform=slim.node)
         self.pdbs = Informer(
             kube,
             api_path("policy/v1", "poddisruptionbudgets"),

@@ -27,6 +27,7 @@ import kr8s
 import kr8s.asyncio
 
 from nmo import __version__
+from nmo.api import constants as c
 from nmo.core import backoff
 from nmo.core.errors import KubeError, Transient, error_for_status
 
@@ -117,6 +118,15 @@ async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
     create_session._nmo_widened = True  # type: ignore[attr-defined]
     api._create_session = create_session
     await create_session()
+
+
+def nm_path(name: str | None = None, subresource: str | None = None) -> str:
+    """The one place a NodeMaintenance path is built (collection, object, status)."""
+    return api_path(c.API_VERSION, c.PLURAL, name=name, subresource=subresource)
+
+
+def node_path(name: str | None = None) -> str:
+    return api_path("v1", "nodes", name=name)
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from nmo.api.models import NodeMaintenance
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, KubeError, NotFound
 from nmo.core.events import EventRecorder
-from nmo.core.kube import Kube, api_path
+from nmo.core.kube import Kube, api_path, nm_path, node_path
 from nmo.core.lease import LeaseClient, LeaseHeldError
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import planner, transitions
@@ -52,19 +52,10 @@ from nmo.core.watch import Informer
 
 log = logging.getLogger("nmo.maintenance")
 
-NM_PATH = api_path(c.API_VERSION, c.PLURAL)
+NM_PATH = nm_path()
 Obj = dict[str, Any]
 
 __all__ = ["NM_PATH", "Reconciler", "Result"]
-
-
-def nm_path(name: str, subresource: str | None = None) -> str:
-    """The one place a NodeMaintenance's API path is built."""
-    return api_path(c.API_VERSION, c.PLURAL, name=name, subresource=subresource)
-
-
-def node_path(name: str) -> str:
-    return api_path("v1", "nodes", name=name)
 
 
 class Reconciler:
@@ -181,9 +172,11 @@ class Reconciler:
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()
                 record.stop_renewer()
                 plan = planner.plan_lease_failure(obs, error=str(exc), foreign=foreign)
-                raw = await self._write_status(raw, plan, record)
                 if plan.node_patch is not None:
+                    # Restored before Failed is written: Failed is terminal, so a
+                    # restore that fails must leave the CR to be retried.
                     await self._restore(obs, plan.node_patch)
+                raw = await self._write_status(raw, plan, record)
                 await self._finish(raw, obs, plan, record)
                 return plan.result
             if record.forgotten:

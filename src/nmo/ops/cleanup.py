@@ -31,7 +31,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.errors import NotFound
-from nmo.core.kube import Kube, api_path
+from nmo.core.kube import Kube, api_path, nm_path, node_path
 from nmo.core.maintenance.lease import lease_times
 from nmo.core.maintenance.node import PriorState, restore
 
@@ -225,7 +225,7 @@ class Observed:
     crd_installed: bool = True
 
 
-NM_PATH = api_path(c.API_VERSION, c.PLURAL)
+NM_PATH = nm_path()
 
 
 def lease_path(namespace: str, name: str | None = None) -> str:
@@ -243,7 +243,7 @@ async def observe(
     kube: Kube, node_name: str, *, lease_namespace: str, operator_namespace: str
 ) -> Observed:
     """Read the node, its NodeMaintenances, its lease and the leader lease."""
-    node = await _get_or_none(kube, api_path("v1", "nodes", name=node_name))
+    node = await _get_or_none(kube, node_path(node_name))
     crd_installed = True
     try:
         items = (await kube.list_all(NM_PATH)).get("items") or []
@@ -259,7 +259,7 @@ async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
     """Apply a plan; returns what was done. A concurrent change raises Conflict."""
     done: list[str] = []
     if plan.node_patch is not None:
-        await kube.json_patch(api_path("v1", "nodes", name=plan.node_name), plan.node_patch)
+        await kube.json_patch(node_path(plan.node_name), plan.node_patch)
         done += [str(s) for s in plan.steps if s.target == f"node/{plan.node_name}"]
     if plan.lease is not None:
         meta = plan.lease["metadata"]

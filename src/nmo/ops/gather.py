@@ -29,7 +29,7 @@ import yaml
 from nmo import __version__
 from nmo.api import constants as c
 from nmo.core.errors import Forbidden, KubeError, NotFound, Transient, Unauthorized
-from nmo.core.kube import Kube, Params, api_path
+from nmo.core.kube import Kube, Params, api_path, nm_path, node_path
 from nmo.ops.bundle import (
     MAINTENANCE_REASONS,
     Item,
@@ -42,7 +42,7 @@ from nmo.ops.bundle import (
 
 Obj = dict[str, Any]
 
-NM_PATH = api_path(c.API_VERSION, c.PLURAL)
+NM_PATH = nm_path()
 METRICS_GROUP = "metrics.k8s.io"
 
 
@@ -139,7 +139,7 @@ class Gatherer:
             raise Unreachable(f"cannot reach the API server {self.kube.server}: {exc}") from exc
         self.root = self._new_dir(started)
         ns = self.s.operator_namespace
-        nodes = await self._list("nodes", "cluster/nodes.yaml", api_path("v1", "nodes")) or []
+        nodes = await self._list("nodes", "cluster/nodes.yaml", node_path()) or []
         await self._get(
             "nodemaintenance CRD",
             "cluster/crd-nodemaintenances.yaml",

@@ -22,7 +22,7 @@ from rich.text import Text
 from nmo.api import constants as c
 from nmo.core.errors import Forbidden, NotFound
 from nmo.core.events import EVENT_NAMESPACE
-from nmo.core.kube import Kube, api_path
+from nmo.core.kube import Kube, api_path, nm_path
 from nmo.core.maintenance.lease import lease_times, parse_time
 
 Obj = dict[str, Any]
@@ -239,7 +239,7 @@ def render(summaries: list[Obj], now: datetime) -> RenderableType:
     return Group(*(render_one(s, now) for s in summaries))
 
 
-NM_PATH = api_path(c.API_VERSION, c.PLURAL)
+NM_PATH = nm_path()
 
 
 async def collect(

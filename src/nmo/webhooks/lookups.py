@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from nmo.api import constants as c
 from nmo.core.errors import KubeError, NotFound
-from nmo.core.kube import Params, api_path
+from nmo.core.kube import Params, api_path, nm_path, node_path
 from nmo.webhooks.validators import LookupFailed, node_name_of
 
 log = logging.getLogger("nmo.webhooks.lookups")
@@ -42,8 +42,8 @@ log = logging.getLogger("nmo.webhooks.lookups")
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj, Obj | None], None]
 
-NODES_PATH = api_path("v1", "nodes")
-MAINTENANCES_PATH = api_path(c.API_VERSION, c.PLURAL)
+NODES_PATH = node_path()
+MAINTENANCES_PATH = nm_path()
 
 
 class KubeClient(Protocol):
@@ -153,7 +153,7 @@ class ClusterLookups:
         try:
             return await self._kube.request(
                 "GET",
-                api_path("v1", "nodes", name=name),
+                node_path(name),
                 retry=False,
                 timeout=self.settings.request_timeout,
             )
