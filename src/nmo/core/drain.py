@@ -144,7 +144,12 @@ class Evictor:
             # The pod watch reports the deletion; re-evict only if nothing happens for long.
             state.next_attempt = asyncio.get_running_loop().time() + self.evicted_recheck
             self._blocked(state, REASON_TERMINATING, "evicted, waiting for the pod to terminate")
-            log.debug("drain: evicted pod %s from node %s", key, record.node)
+            log.info(
+                "drain: evicted pod %s from node %s",
+                key,
+                record.node,
+                extra={"node": record.node, "pod": key},
+            )
         except NotFound:
             outcome = "gone"
         except TooManyRequests as exc:

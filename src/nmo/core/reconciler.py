@@ -217,7 +217,12 @@ class Reconciler:
         record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
         if plan.node_patch is not None:
             await self._restore(obs, plan.node_patch)
-            log.info("maintenance %s: node %s restored", nm.metadata.name, nm.spec.node_name)
+            log.info(
+                "maintenance %s: node %s restored",
+                nm.metadata.name,
+                nm.spec.node_name,
+                extra=_ctx(nm),
+            )
         if plan.lease is LeaseStep.RELEASE and await self.leases.release(nm.spec.node_name):
             log.info(
                 "maintenance %s: lease for node %s released",
@@ -236,8 +241,9 @@ class Reconciler:
     async def _finish(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> None:
         """Events, logs, metrics and the record's lifecycle: the end of every pass."""
         nm = obs.nm
+        level = logging.WARNING if any(e.warning for e in plan.events) else logging.INFO
         for note in plan.notes:
-            log.info("maintenance %s: %s", nm.metadata.name, note, extra=_ctx(nm))
+            log.log(level, "%s", note, extra=_ctx(nm))
         if plan.drain_seconds is not None:
             self.metrics.drain_duration.observe(plan.drain_seconds)
         for emit in plan.events:

@@ -92,7 +92,7 @@ class Plan:
     events: tuple[Emit, ...] = ()
     work: Work = Work.RUN
     result: Result = DONE
-    notes: tuple[str, ...] = ()  # what the pass did, for the log
+    notes: tuple[str, ...] = ()  # log lines (the guide greps some: keep their wording)
     drain_seconds: float | None = None  # the drain just finished after this long
     drain_pending: int | None = None  # pods still pending (for the log)
     fields: dict[str, Any] = field(default_factory=dict)  # log context

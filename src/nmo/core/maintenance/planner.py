@@ -169,7 +169,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if c.FINALIZER not in nm.metadata.finalizers:
         meta["finalizers"] = [*nm.metadata.finalizers, c.FINALIZER]
         events.append(Emit(c.EVENT_BEGIN))
-        notes.append("begin")
+        notes.append(f"maintenance {nm.metadata.name} for node {node_name}: begin")
 
     def failed(new: NodeMaintenanceStatus, note: str) -> Plan:
         return Plan(
@@ -184,10 +184,14 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if (older := older_duplicate(nm, obs.others)) is not None:
         return failed(
             status.duplicate(st, node_name, now),
-            f"node {node_name} already has an older maintenance {older}",
+            f"maintenance {nm.metadata.name}: node {node_name} already has an older "
+            f"maintenance {older}",
         )
     if obs.node is None:
-        return failed(status.node_not_found(st, node_name, now), f"node {node_name} not found")
+        return failed(
+            status.node_not_found(st, node_name, now),
+            f"maintenance {nm.metadata.name}: node {node_name} not found",
+        )
     meta |= _ownership(nm, obs.node)
     lease = LeaseStep.NONE
     if obs.recall.renewal_error is not None:
@@ -213,7 +217,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         )
     selection = podselect.select_pods(obs.pods, lambda key: obs.daemonsets.get(key, False))
     if nm.status.phase is None:
-        notes.extend(f"drain: {w}" for w in selection.warnings)
+        notes.extend(f"drain of node {node_name}: {w}" for w in selection.warnings)
     drain = survey(obs.drain, selection.evict, tick=obs.tick, now=now)
     report = drain.report
     if not report.pending:
@@ -225,7 +229,11 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             status=_status_write(obs, new, settings),
             drop=tuple(obs.drain),
             events=(*base.events, Emit(c.EVENT_SUCCEEDED)) if finished else base.events,
-            notes=(*notes, f"drain of node {node_name} complete") if finished else tuple(notes),
+            notes=(
+                (*notes, f"maintenance {nm.metadata.name}: drain of node {node_name} complete")
+                if finished
+                else tuple(notes)
+            ),
             drain_seconds=(now - created).total_seconds() if finished and created else None,
             drain_pending=0,
         )
@@ -285,16 +293,20 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
             events=(*begun, Emit(c.EVENT_FAILED, warning=True)),
             work=Work.STOP,
             result=TERMINAL,
-            notes=(f"failed: {new.last_error}",),
+            notes=(f"maintenance {obs.nm.metadata.name} failed: {new.last_error}",),
         )
     return Plan(
         status=new,
         events=begun,
         result=Result(requeue_after=SETTINGS.lease_retry),
         notes=(
-            ("failed to extend a lease that used to be owned by us: " + error)
-            if counted
-            else ("failed to obtain a lease that is not owned by us: " + error),
+            f"maintenance {obs.nm.metadata.name}: "
+            + (
+                "failed to extend a lease that used to be owned by us: "
+                if counted
+                else "failed to obtain a lease that is not owned by us: "
+            )
+            + error,
         ),
     )
 
@@ -306,8 +318,9 @@ def plan_leave(obs: Observed) -> Plan:
         return Plan(work=Work.FORGET)
     metadata = {"finalizers": [f for f in nm.metadata.finalizers if f != c.FINALIZER]}
     removed = Emit(c.EVENT_REMOVED)
+    gone = f"maintenance {nm.metadata.name} for node {nm.spec.node_name} removed"
     if status.is_duplicate_failure(nm.status, nm.spec.node_name):
-        return Plan(metadata=metadata, events=(removed,), work=Work.FORGET, notes=("removed",))
+        return Plan(metadata=metadata, events=(removed,), work=Work.FORGET, notes=(gone,))
     events: list[Emit] = []
     restore = None
     if obs.node is not None:
@@ -324,5 +337,5 @@ def plan_leave(obs: Observed) -> Plan:
         events=(*events, removed),
         work=Work.FORGET,
         result=DONE,
-        notes=("removed",),
+        notes=(gone,),
     )
