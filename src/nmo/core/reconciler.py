@@ -94,6 +94,16 @@ class Reconciler:
         if raw is None:
             self.memories.forget(name)
             return DONE
+        record = self.memories.get(name)
+        if record is not None and record.renewal_error is not None:
+            # A renewal failed (the lease may have been released with its CR):
+            # before the lease is requested again, make sure the CR still
+            # exists; the cache may be behind a watch gap.
+            try:
+                raw = self._remember(await self.kube.get(nm_path(name)))
+            except NotFound:
+                self.memories.forget(name)
+                return DONE
         nm = NodeMaintenance.from_api(raw)
         record = self.memories.recall(name, nm.spec.node_name)
         observed = await self.observe(nm, record)
