@@ -116,7 +116,7 @@ def survey(
     due: list[Pod] = []
     wake: float | None = None
     errors: list[str] = []
-    rows: list[tuple[int, PendingPodDetail]] = []
+    rows: list[tuple[int, int, str, str, str, str, str | None, datetime | None]] = []
     pending: list[tuple[str, str]] = []
     for key, pod in present.items():
         state = live.get(key)
@@ -139,23 +139,26 @@ def survey(
         ns, name = str(meta.get("namespace", "")), str(meta["name"])
         pending.append((ns, name))
         rows.append(
-            (
-                _DETAIL_ORDER.get(reason, 3),
-                PendingPodDetail(
-                    namespace=ns,
-                    name=name,
-                    reason=reason,
-                    message=message,
-                    disruption_budget=pdb,
-                    since=since or now,
-                ),
-            )
+            (_DETAIL_ORDER.get(reason, 3), len(rows), ns, name, reason, message, pdb, since)
         )
-    rows.sort(key=lambda row: row[0])
+    # Stable: blocked pods first, then in the node's order; only the shown
+    # details become models (a 1,000-pod drain shows 100).
+    rows.sort(key=lambda row: (row[0], row[1]))
+    details = [
+        PendingPodDetail(
+            namespace=ns,
+            name=name,
+            reason=reason,
+            message=message,
+            disruption_budget=pdb,
+            since=since or now,
+        )
+        for _, _, ns, name, reason, message, pdb, since in rows[:MAX_DETAILS]
+    ]
     return Survey(
         report=DrainReport(
             pending=pending,
-            details=[detail for _, detail in rows[:MAX_DETAILS]],
+            details=details,
             next_wake=wake,
             last_error=errors[0] if errors else None,
         ),
