@@ -2,7 +2,9 @@
 
 The operator is a subprocess (exactly what users run), logging JSON to a
 file that is printed when a test fails. ``Operator.restart`` and ``kill``
-let tests interrupt it mid-drain.
+let tests interrupt it mid-drain. Its state is read from its endpoints, never
+from its log: ``/leaderz`` (it runs the maintenance workers),
+``/readyz/informers`` (its caches synced) and ``/metrics`` (counters).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nmo.sandbox import Sandbox
 
@@ -34,6 +37,64 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def get_local(port: int, path: str) -> tuple[int, str]:
+    """``GET http://127.0.0.1:<port><path>``: (status, body), (0, why) when nothing answers."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        try:
+            resp = await http.get(f"http://127.0.0.1:{port}{path}")
+        except httpx.TransportError as exc:
+            return 0, f"{type(exc).__name__}: {exc}"
+    return resp.status_code, resp.text
+
+
+async def probe_leading(probe_port: int) -> bool:
+    """Whether the nmo serving probes on ``probe_port`` runs the maintenance workers."""
+    status, body = await get_local(probe_port, "/leaderz")
+    assert status in (0, 200, 503), f"/leaderz answered {status}: {body}"
+    return status == 200
+
+
+async def probe_synced(probe_port: int) -> bool:
+    """Whether that nmo's informers have synced (``/readyz/informers``)."""
+    return (await get_local(probe_port, "/readyz/informers"))[0] == 200
+
+
+async def wait_until_up(
+    proc: subprocess.Popen[bytes],
+    check: Callable[[], Awaitable[bool]],
+    *,
+    log: Callable[[], str],
+    what: str,
+    timeout: float = 30,
+) -> None:
+    """Poll ``check`` until true; fail early, with the log's tail, if the process exits."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            state = "exited" if proc.poll() is not None else f"not {what} after {timeout:g}s"
+            pytest.fail(f"nmo {state}:\n{log()[-3000:]}")
+        await asyncio.sleep(0.1)
+
+
+async def scrape(metrics_port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a plain-HTTP ``/metrics``, keyed by (name, labels)."""
+    status, text = await get_local(metrics_port, "/metrics")
+    assert status == 200, f"/metrics answered {status}: {text[:500]}"
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 class Operator:
@@ -80,11 +141,15 @@ class Operator:
         self.starts += 1
         with self.log_file.open("wb") as out:
             self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
-        deadline = time.monotonic() + 30
-        while "maintenance workers starting" not in self.log_file.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"nmo did not start:\n{self.log_file.read_text()[-3000:]}")
-            await asyncio.sleep(0.1)
+        await wait_until_up(self.proc, self.leading, log=self.log_file.read_text, what="leading")
+
+    async def leading(self) -> bool:
+        """``/leaderz``: this process runs the maintenance workers."""
+        return await probe_leading(self.probe_port)
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """One metric of this process (summed over the labels not given)."""
+        return metric(await scrape(self.metrics_port), name, **labels)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:

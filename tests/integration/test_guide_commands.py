@@ -43,7 +43,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -52,7 +51,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pytest
 from objects import NM, Api, pdb, pod_spec
-from operator_fixtures import CURRENT, Operator, free_port, wait_for
+from operator_fixtures import (
+    CURRENT,
+    Operator,
+    free_port,
+    probe_synced,
+    wait_for,
+    wait_until_up,
+)
 
 from nmo.api import constants as c
 from nmo.sandbox import Sandbox
@@ -226,7 +232,8 @@ class PodOperator(Operator):
                 env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
         return env
 
-    async def start_with(self, env: dict[str, str], ready: str) -> None:
+    async def start_with(self, env: dict[str, str], *, leader: bool) -> None:
+        """Start; return once it leads (``leader``) or, as a standby, its caches synced."""
         self.starts += 1
         raw = self.log_file.open("wb")
         self.proc = subprocess.Popen(  # noqa: ASYNC220
@@ -237,11 +244,13 @@ class PodOperator(Operator):
             target=_pump, args=(self.proc.stdout, raw, self.container_log), daemon=True
         )
         self._pump.start()
-        deadline = time.monotonic() + 30
-        while ready not in self.log_file.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"nmo for pod {self.pod} did not start:\n{self.logs()[-3000:]}")
-            await asyncio.sleep(0.1)
+        if leader:
+            await wait_until_up(self.proc, self.leading, log=self.logs, what="leading")
+        else:
+            await wait_until_up(
+                self.proc, lambda: probe_synced(self.probe_port), log=self.logs, what="synced"
+            )
+            assert not await self.leading(), f"the standby {self.pod} leads"
 
     def kill(self, sig: int = signal.SIGTERM) -> None:
         super().kill(sig)
@@ -279,8 +288,8 @@ class Guide:
 
     async def start_operators(self) -> None:
         leader, standby = self.operators
-        await leader.start_with(self.env(leader), "maintenance workers starting")
-        await standby.start_with(self.env(standby), "leader election: waiting for lease")
+        await leader.start_with(self.env(leader), leader=True)
+        await standby.start_with(self.env(standby), leader=False)
 
     def env(self, op: PodOperator) -> dict[str, str]:
         return op.env(self.deployment_env)

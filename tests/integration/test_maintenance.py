@@ -13,11 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
+from audit import AuditWindow, nmo_events, show
 from objects import NM, Api, deployment, pdb, pod_spec, uid
 from operator_fixtures import Operator, wait_for
 
+from nmo.api.constants import PLURAL
+from nmo.sandbox import Sandbox
+
 pytestmark = pytest.mark.integration
 
+RETRIES = ("requeue", "error")  # nmo_reconcile_total results that schedule another pass
 TAINT_KEYS = {"node.kubernetes.io/unschedulable", "medik8s.io/drain"}
 LABEL = "remediation.medik8s.io/exclude-from-remediation"
 
@@ -48,8 +53,43 @@ async def remove_nm(api: Api, name: str, timeout: float = 30) -> None:
     await wait_for(gone, timeout=timeout, what=f"{name} deleted")
 
 
+async def reconciled_again(operator: Operator, api: Api, name: str, times: int = 1) -> str:
+    """Make nmo run ``times`` more passes over ``name``, one after the other;
+    returns the resourceVersion of the last change made for it.
+
+    Each pass is caused by an annotation change (nmo reacts to any change but
+    the status) and seen in nmo's ``nmo_reconcile_total``.
+    """
+    rv = ""
+    for _ in range(times):
+        before = await operator.metric("nmo_reconcile_total")
+        poked = await api.merge(
+            f"{NM}/{name}", {"metadata": {"annotations": {"example.com/poke": uid()}}}
+        )
+        rv = str(poked["metadata"]["resourceVersion"])
+
+        async def counted(before: float = before) -> bool:
+            return await operator.metric("nmo_reconcile_total") > before
+
+        await wait_for(counted, timeout=30, what=f"nmo to reconcile {name} again")
+    return rv
+
+
+async def lease_renewed(api: Api, node: str, times: int = 1) -> None:
+    """Wait until the node's lease has been renewed ``times`` more times."""
+    seen: set[str] = set()
+
+    async def renewed() -> bool:
+        lease = await api.lease(node)
+        assert lease is not None, f"the lease of node {node} is gone"
+        seen.add(lease["spec"]["renewTime"])
+        return len(seen) > times
+
+    await wait_for(renewed, timeout=30, what=f"{times} more renewals of node-{node}'s lease")
+
+
 async def test_full_maintenance_and_removal(
-    operator: Operator, api: Api, namespace: str, node_factory: Any
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
 ) -> None:
     pool = f"pool-{uid()}"
     (target,) = await node_factory(1, labels={"pool": pool})
@@ -119,7 +159,17 @@ async def test_full_maintenance_and_removal(
     assert lease["spec"]["leaseDurationSeconds"] == 3600
     assert lease["metadata"]["ownerReferences"][0]["name"] == target
 
-    await asyncio.sleep(2)  # several more reconciles and renewals must not re-emit events (B4)
+    # B4: more reconciles and lease renewals emit no event again (none created,
+    # none updated with a higher count).
+    async def succeed_recorded() -> bool:
+        return len(await api.events(name, "SucceedMaintenance")) == 1
+
+    await wait_for(succeed_recorded, what="SucceedMaintenance recorded")
+    window = await AuditWindow.open(sandbox)
+    await reconciled_again(operator, api, name, times=3)
+    await lease_renewed(api, target, times=2)
+    emitted = [e for e in nmo_events(await window.close()) if e.on("events") and e.is_write]
+    assert not emitted, "events recorded again:\n" + show(emitted)
     assert len(await api.events(name, "BeginMaintenance")) == 1
     assert len(await api.events(name, "SucceedMaintenance")) == 1
 
@@ -145,18 +195,40 @@ async def test_full_maintenance_and_removal(
     await api.merge(f"{NM}/{name}", {"metadata": {"finalizers": []}})
 
 
-async def test_missing_node_fails_without_retry(operator: Operator, api: Api) -> None:
+async def test_missing_node_fails_without_retry(
+    operator: Operator, api: Api, sandbox: Sandbox
+) -> None:
     name, node = f"nm-{uid()}", f"missing-{uid()}"
+    listed = await api.get(NM)
+    others = [o["metadata"]["name"] for o in (listed or {}).get("items", [])]
+    # nmo's counters are per process: they speak of this CR only if it is alone.
+    assert others == [], f"NodeMaintenances left behind by earlier tests: {others}"
+    retries = {r: await operator.metric("nmo_reconcile_total", result=r) for r in RETRIES}
+    window = await AuditWindow.open(sandbox)
     await api.create_nm(name, node)
     nm = await wait_phase(api, name, "Failed")
     assert nm["status"]["lastError"] == f'nodes "{node}" not found'
-    rv = nm["metadata"]["resourceVersion"]
-    await asyncio.sleep(3)
+    rv = await reconciled_again(operator, api, name)  # a pass over the Failed CR
     again = await api.nm(name)
     assert again is not None
     assert again["metadata"]["resourceVersion"] == rv, "a Failed maintenance was retried"
-    assert len(await api.events(name, "FailedMaintenance")) == 1
+    # Deleting it makes the last pass over it: by the time it is gone every
+    # earlier pass has finished (one key is never reconciled twice at once).
     await remove_nm(api, name)
+    assert len(await api.events(name, "FailedMaintenance")) == 1
+    logged = await window.close()
+    deleted = next(
+        e.received for e in logged if not e.is_nmo and e.verb == "delete" and e.on(PLURAL, name)
+    )
+    events = nmo_events(logged)
+    status_writes = [e for e in events if e.on(PLURAL, name, subresource="status") and e.is_write]
+    assert len(status_writes) == 1, "a Failed maintenance was retried:\n" + show(status_writes)
+    lookups = [e for e in events if e.on("nodes", node, subresource=None) and e.received < deleted]
+    assert len(lookups) <= 1, "the missing node was looked up again:\n" + show(lookups)
+    for result, count in retries.items():
+        assert await operator.metric("nmo_reconcile_total", result=result) == count, (
+            f"a reconcile of the Failed maintenance ended in {result}"
+        )
 
 
 def foreign_lease(node: dict[str, Any], holder: str = "node-healthcheck") -> dict[str, Any]:
@@ -176,7 +248,7 @@ def foreign_lease(node: dict[str, Any], holder: str = "node-healthcheck") -> dic
 
 
 async def test_foreign_lease_blocks_then_release_lets_it_run(
-    operator: Operator, api: Api, node_factory: Any
+    operator: Operator, api: Api, node_factory: Any, sandbox: Sandbox
 ) -> None:
     (target,) = await node_factory(1)
     await api.create(
@@ -194,7 +266,21 @@ async def test_foreign_lease_blocks_then_release_lets_it_run(
     nm = await wait_for(blocked, what="lease conflict reported")
     assert nm["status"]["phase"] == "Running"
     assert nm["status"]["lastError"].endswith("held by different owner: node-healthcheck")
-    await asyncio.sleep(6)  # more than one lease retry
+    # Two more attempts, both refused: not counted, and nothing done without the lease.
+    window = await AuditWindow.open(sandbox)
+    refused = await operator.metric("nmo_lease_errors_total", kind="foreign")
+
+    async def retried_twice() -> bool:
+        return await operator.metric("nmo_lease_errors_total", kind="foreign") >= refused + 2
+
+    await wait_for(retried_twice, timeout=30, what="two more refused lease attempts")
+    touched = [
+        e
+        for e in nmo_events(await window.close())
+        if e.is_write
+        and (e.on("nodes", target, subresource=None) or e.on("leases", f"node-{target}"))
+    ]
+    assert not touched, "node or lease written without the lease:\n" + show(touched)
     nm = await api.nm(name)
     assert nm is not None
     assert nm["status"]["errorOnLeaseCount"] == 0
@@ -467,8 +553,8 @@ async def test_operator_restart_mid_drain_converges(
 async def test_apiserver_restart_mid_drain_converges(
     operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Any
 ) -> None:
-    name, _node = await pdb_blocked_maintenance(api, namespace, node_factory)
-    audit_before = sandbox.audit_log.read_text().count('"userAgent":"nmo/')
+    name, node = await pdb_blocked_maintenance(api, namespace, node_factory)
+    window = await AuditWindow.open(sandbox)
     await sandbox.restart_apiserver(downtime=3.0)
     async with sandbox.client() as fresh:
         again = Api(fresh)
@@ -477,19 +563,11 @@ async def test_apiserver_restart_mid_drain_converges(
             {"spec": {"minAvailable": 0}},
         )
         await wait_phase(again, name, "Succeeded", timeout=90)
-        await asyncio.sleep(2)
-        text = sandbox.audit_log.read_text()
-        after = text.count('"userAgent":"nmo/')
-        lists = sum(
-            1
-            for line in text.splitlines()[-2000:]
-            if '"userAgent":"nmo/' in line and '"verb":"list"' in line
-        )
-        print(
-            f"\nnmo requests across the apiserver restart: {after - audit_before} "
-            f"(recent LISTs: {lists})"
-        )
-        assert after - audit_before < 300, "request storm after the apiserver restart"
+        await lease_renewed(again, node)  # nmo carries on after Succeeded, too
+        requests = nmo_events(await window.close())
+        lists = [e for e in requests if e.verb == "list"]
+        print(f"\nnmo requests across the apiserver restart: {len(requests)} (LISTs: {len(lists)})")
+        assert len(requests) < 300, "request storm after the apiserver restart:\n" + show(requests)
         assert operator.proc is not None and operator.proc.poll() is None, (
             "nmo died with the apiserver"
         )

@@ -23,8 +23,9 @@ from typing import Any
 
 import httpx
 import pytest
+from audit import AuditEvent, AuditWindow, nmo_events, show
 from objects import NM, Api, uid
-from operator_fixtures import Operator, free_port, wait_for
+from operator_fixtures import Operator, free_port, probe_leading, probe_synced, wait_for
 
 from nmo.api import constants as c
 from nmo.sandbox import Sandbox
@@ -35,14 +36,22 @@ pytestmark = pytest.mark.integration
 class Proc:
     """One ``nmo run`` subprocess with its own ports and log file."""
 
-    def __init__(self, sandbox: Sandbox, log_dir: Path, name: str, *extra: str) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        log_dir: Path,
+        name: str,
+        *extra: str,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.name = name
         self.probe_port = free_port()
         self.metrics_port = free_port()
         self.webhook_port = free_port()
         self.log = log_dir / f"{name}.log"
+        kubeconfig = kubeconfig or sandbox.kubeconfig
         args = [
-            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(sandbox.kubeconfig),
+            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(kubeconfig),
             "--bind-address", "127.0.0.1", "--identity", name,
             "--health-probe-port", str(self.probe_port),
             "--metrics-port", str(self.metrics_port),
@@ -55,9 +64,18 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text()
 
-    @property
-    def leading(self) -> bool:
-        return "maintenance workers starting" in self.text()
+    async def leading(self) -> bool:
+        """``/leaderz``: this replica runs the maintenance workers."""
+        return await probe_leading(self.probe_port)
+
+    async def synced(self) -> bool:
+        """``/readyz/informers``: this replica's caches have synced."""
+        assert self.proc.poll() is None, f"{self.name} exited:\n{self.text()[-3000:]}"
+        return await probe_synced(self.probe_port)
+
+    async def started(self) -> bool:
+        assert self.proc.poll() is None, f"{self.name} exited:\n{self.text()[-3000:]}"
+        return await self.leading()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -77,8 +95,8 @@ async def procs(sandbox: Sandbox, tmp_path: Path, operator: Operator) -> AsyncIt
         session.kill(signal.SIGTERM)
     started: list[Proc] = []
 
-    def start(name: str, *extra: str) -> Proc:
-        p = Proc(sandbox, tmp_path, name, *extra)
+    def start(name: str, *extra: str, kubeconfig: Path | None = None) -> Proc:
+        p = Proc(sandbox, tmp_path, name, *extra, kubeconfig=kubeconfig)
         started.append(p)
         return p
 
@@ -110,16 +128,82 @@ def leader_args(namespace: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.fixture
+async def own_user(
+    sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str, tmp_path: Path
+) -> AsyncIterator[Any]:
+    """``await own_user(name)`` -> (kubeconfig, username) of a new cluster-admin
+    ServiceAccount, so the audit log tells that process's requests from the others'."""
+    api = Api(kube)
+    bindings: list[str] = []
+
+    async def make(name: str) -> tuple[Path, str]:
+        await api.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}}
+        )
+        binding = f"{namespace}-{name}"
+        await api.create(
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "metadata": {"name": binding},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )
+        bindings.append(binding)
+        path = await sandbox.service_account_kubeconfig(
+            namespace, name, tmp_path / f"{name}.kubeconfig"
+        )
+        return path, f"system:serviceaccount:{namespace}:{name}"
+
+    yield make
+    for binding in bindings:
+        await api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}")
+
+
 async def test_leader_election_failover(
-    procs: Any, sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str, node_factory: Any
+    procs: Any,
+    own_user: Any,
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    namespace: str,
+    node_factory: Any,
 ) -> None:
     api = Api(kube)
     a = procs("nmo-a", *leader_args(namespace))
-    await wait_for(lambda: _true(a.leading), timeout=30, what="the first replica to lead")
-    b = procs("nmo-b", *leader_args(namespace))
-    await wait_for(lambda: _true("caches synced" in b.text()), timeout=30, what="b's caches")
-    await asyncio.sleep(3)
-    assert not b.leading, "two replicas reconcile at once"
+    await wait_for(a.started, timeout=30, what="the first replica to lead")
+    b_kubeconfig, b_user = await own_user("nmo-b")
+    b = procs("nmo-b", *leader_args(namespace), kubeconfig=b_kubeconfig)
+    await wait_for(b.synced, timeout=30, what="b's caches")
+    # The standby keeps asking for the leader lease and keeps being refused:
+    # several of its attempts (retry period 0.5 s) are in the audit log, none
+    # of them a write, and /leaderz on b says "not leading" all along.
+    window = await AuditWindow.open(sandbox)
+
+    def b_on_leader_lease() -> list[AuditEvent]:
+        return [
+            e
+            for e in nmo_events(window.events())
+            if e.username == b_user and e.on("leases", c.LEADER_ELECTION_ID)
+        ]
+
+    answers: list[bool] = []
+
+    async def refused_often() -> bool:
+        answers.append(await b.leading())
+        return len(b_on_leader_lease()) >= 6
+
+    await wait_for(refused_often, timeout=20, what="b to ask for the leader lease 6 times")
+    answers.append(await b.leading())
+    events = await window.close()
+    b_leases = [e for e in nmo_events(events) if e.username == b_user and e.on("leases")]
+    assert not any(answers), "two replicas reconcile at once"
+    assert not [e for e in b_leases if e.is_write], show(b_leases)
+    assert b.proc.poll() is None
     lease_path = (
         f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{c.LEADER_ELECTION_ID}"
     )
@@ -135,7 +219,7 @@ async def test_leader_election_failover(
     # Crash: the standby waits out the lease (4 s) and takes over.
     killed = time.monotonic()
     a.stop(signal.SIGKILL)
-    await wait_for(lambda: _true(b.leading), timeout=20, interval=0.05, what="b to take over")
+    await wait_for(b.started, timeout=20, interval=0.05, what="b to take over")
     crash_failover = time.monotonic() - killed
     second = f"nm-{uid()}"
     await api.create_nm(second, node2)
@@ -143,10 +227,11 @@ async def test_leader_election_failover(
 
     # Clean shutdown: the leader releases the lease, the standby takes over at once.
     c3 = procs("nmo-c", *leader_args(namespace))
-    await wait_for(lambda: _true("caches synced" in c3.text()), timeout=30, what="c's caches")
+    await wait_for(c3.synced, timeout=30, what="c's caches")
+    assert not await c3.leading()
     stopped = time.monotonic()
     b.stop(signal.SIGTERM)
-    await wait_for(lambda: _true(c3.leading), timeout=20, interval=0.05, what="c to take over")
+    await wait_for(c3.started, timeout=20, interval=0.05, what="c to take over")
     clean_failover = time.monotonic() - stopped
     third = f"nm-{uid()}"
     await api.create_nm(third, node3)
@@ -170,7 +255,7 @@ async def test_probes_metrics_and_webhook_in_one_process(
     certs = tmp_path / "certs"
     serving = sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="apiserver")
     p = procs("nmo-surface", "--no-leader-elect", "--cert-dir", str(certs))
-    await wait_for(lambda: _true(p.leading), timeout=30, what="nmo to start")
+    await wait_for(p.started, timeout=30, what="nmo to start")
 
     async def ready() -> bool:
         return (await curl(f"http://127.0.0.1:{p.probe_port}/readyz", "-f")).returncode == 0
@@ -291,7 +376,7 @@ async def test_without_certificates_it_reconciles_and_readyz_says_why(
     empty = tmp_path / "no-certs"
     empty.mkdir()
     p = procs("nmo-nocert", "--no-leader-elect", "--no-metrics-secure", "--cert-dir", str(empty))
-    await wait_for(lambda: _true(p.leading), timeout=30, what="nmo to start")
+    await wait_for(p.started, timeout=30, what="nmo to start")
     ready = await curl(f"http://127.0.0.1:{p.probe_port}/readyz?verbose")
     assert ready.stdout.splitlines()[-1] != "200"
     assert "webhook" in ready.stdout
@@ -302,10 +387,6 @@ async def test_without_certificates_it_reconciles_and_readyz_says_why(
     await wait_for(lambda: _phase(api, name, "Succeeded"), what="a maintenance without a webhook")
     await api.delete(f"{NM}/{name}")
     await wait_for(lambda: _gone(api, name), what="removal")
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _phase(api: Api, name: str, phase: str) -> bool:

@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 import pytest
+from audit import AuditWindow, nmo_events
 from cryptography import x509
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -664,6 +665,15 @@ class Load:
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
+    async def flowing(self, more: int, timeout: float = 30) -> None:
+        """Wait until ``more`` admissions and a handshake have succeeded from now on."""
+        ok, handshakes = self.ok, self.handshakes
+
+        async def flowed() -> bool:
+            return self.ok >= ok + more and self.handshakes > handshakes
+
+        await until(flowed, timeout=timeout, what=f"{more} more admissions under load")
+
     async def serving(self, serial: int, since: float, timeout: float) -> float:
         """Seconds from ``since`` until handshakes present ``serial``."""
 
@@ -701,7 +711,7 @@ async def test_rotated_certificate_is_served_with_no_failed_admission(
         load = Load(server, node, sandbox.ca_file)
         load.start()
         try:
-            await asyncio.sleep(1)  # load is flowing with the first certificate
+            await load.flowing(50)  # with the first certificate
 
             # 1. The kubelet updates the mounted Secret: both files swap at once.
             rotated = time.monotonic()
@@ -714,14 +724,24 @@ async def test_rotated_certificate_is_served_with_no_failed_admission(
             staging = tmp_path / "staging"
             third_cert = sandbox.issue_serving_cert(staging, ["127.0.0.1"], name="tls")
             third = serial_of(third_cert.cert_file)
+            assert server.servers is not None
+            watcher = server.servers.certificates["webhook"]
+            reloads = watcher.reloads
             os.replace(third_cert.cert_file, certs / "tls.crt")
             half = time.monotonic()
-            await asyncio.sleep(POLL + 1.5)
+            checks = watcher.checks  # every later poll sees the new cert next to the old key
+
+            async def looked_twice() -> bool:
+                return watcher.checks >= checks + 2
+
+            await until(looked_twice, timeout=3 * POLL, what="two polls of the half-rotated files")
+            await load.flowing(50)  # handshakes and admissions after those polls
+            assert watcher.reloads == reloads, "a half-rotated pair was loaded"
             assert {s for at, s in load.serials if at > half + 0.2} == {second}
             os.replace(third_cert.key_file, certs / "tls.key")
             completed = time.monotonic()
             split_took = await load.serving(third, completed, timeout=POLL + 3)
-            await asyncio.sleep(1)  # and load keeps flowing on the new one
+            await load.flowing(50)  # and load keeps flowing on the new one
         finally:
             await load.stop()
         assert server.servers is not None
@@ -809,6 +829,7 @@ async def test_readyz_names_the_cache_checks_until_they_sync(
     )
     certs = tmp_path / "certs"
     sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
+    window = await AuditWindow.open(sandbox)
     p = nmo_process("--kubeconfig", str(kubeconfig), "--no-leader-elect", "--cert-dir", str(certs))
     base = f"http://127.0.0.1:{p.probe_port}"
 
@@ -817,7 +838,17 @@ async def test_readyz_names_the_cache_checks_until_they_sync(
         return (await curl(f"{base}/healthz"))[0] == 200
 
     await until(probes_up, what="nmo's probe server")
-    await asyncio.sleep(2)  # informers have been refused a few times by now
+    user = f"system:serviceaccount:{namespace}:default"
+
+    async def refused_twice() -> bool:
+        refused = Counter(
+            e.resource
+            for e in nmo_events(window.events())
+            if e.username == user and e.verb == "list" and e.code == 403
+        )
+        return all(refused[r] >= 2 for r in ("nodes", c.PLURAL))
+
+    await until(refused_twice, what="the informers' lists to be refused twice each")
     code, verbose = await curl(f"{base}/readyz?verbose")
     assert code == 500, verbose
     assert "[-]informers failed: maintenance and node caches have not synced yet" in verbose

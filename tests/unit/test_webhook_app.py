@@ -241,6 +241,27 @@ async def test_hanging_check_times_out() -> None:
     assert "[-]stuck failed: timed out" in resp.text
 
 
+async def test_leaderz_follows_the_leading_callable() -> None:
+    state = {"leading": False}
+    probes = Probes(leading=lambda: state["leading"])
+    async with client(create_probes_app(probes)) as http:
+        standby = await http.get("/leaderz")
+        state["leading"] = True
+        leader = await http.get("/leaderz")
+        head = await http.head("/leaderz")
+        ready = await http.get("/readyz")
+    assert (standby.status_code, standby.text) == (503, "not leading")
+    assert standby.headers["content-type"].startswith("text/plain")
+    assert (leader.status_code, leader.text) == (200, "leading")
+    assert head.status_code == 200
+    assert (ready.status_code, ready.text) == (200, "ok")  # a standby is ready too
+
+
+async def test_leaderz_absent_without_a_leading_callable() -> None:
+    async with client(create_probes_app(Probes())) as http:
+        assert (await http.get("/leaderz")).status_code == 404
+
+
 # -- metrics ----------------------------------------------------------------------
 
 

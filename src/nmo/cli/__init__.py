@@ -219,6 +219,7 @@ async def _servers(args: argparse.Namespace, kube: Kube, engine: Engine, metrics
         maintenances=engine.maintenances,
         metrics=metrics,
         readiness={"informers": caches, "leader-election": leadership},
+        leading=lambda: engine.leading,
     )
 
 

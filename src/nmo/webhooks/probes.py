@@ -1,4 +1,4 @@
-"""``/healthz`` and ``/readyz``, answered like controller-runtime's healthz.
+"""``/healthz``, ``/readyz`` and ``/leaderz``, answered like controller-runtime's healthz.
 
 Why this module exists: the kubelet, ``curl -fsS`` in the troubleshooting
 guide and humans all read these endpoints, so they follow the format every
@@ -14,6 +14,12 @@ Kubernetes component uses:
 A check is a callable that returns (sync or async) when healthy and raises
 with a readable message when not. Each check runs with a timeout, so a stuck
 dependency fails its probe instead of hanging it.
+
+``/leaderz`` is not a check but a question: does this replica run the
+maintenance workers right now? HTTP 200 ``leading`` when it does, 503
+``not leading`` when it does not (a standby, or before the caches synced).
+It is there for people and tests that want to know which replica reconciles
+without reading logs; it is never a readiness condition (a standby is ready).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from fastapi.responses import PlainTextResponse
 log = logging.getLogger("nmo.webhooks.probes")
 
 Check = Callable[[], Awaitable[None] | None]
+Leading = Callable[[], bool]
 
 _TEXT = "text/plain; charset=utf-8"
 _HEADERS = {"X-Content-Type-Options": "nosniff"}
@@ -59,12 +66,14 @@ class Probes:
         *,
         healthz: Mapping[str, Check] | None = None,
         readyz: Mapping[str, Check] | None = None,
+        leading: Leading | None = None,
         timeout: float = 5.0,
     ) -> None:
         self.checks: dict[str, dict[str, Check]] = {
             "healthz": {"ping": ping, **(healthz or {})},
             "readyz": {"ping": ping, **(readyz or {})},
         }
+        self.leading = leading  # None: no /leaderz (a process without workers)
         self.timeout = timeout
 
     def add_healthz(self, name: str, check: Check) -> None:
@@ -118,7 +127,7 @@ def _response(body: str, status_code: int) -> PlainTextResponse:
 
 
 def probes_router(probes: Probes) -> APIRouter:
-    """Routes for ``/healthz``, ``/readyz`` and ``/<endpoint>/<check>``."""
+    """Routes for ``/healthz``, ``/readyz``, ``/<endpoint>/<check>`` and ``/leaderz``."""
     router = APIRouter()
 
     async def aggregated(endpoint: str, request: Request) -> PlainTextResponse:
@@ -166,4 +175,14 @@ def probes_router(probes: Probes) -> APIRouter:
         agg, one = routes(endpoint)
         router.add_api_route(f"/{endpoint}", agg, methods=["GET", "HEAD"])
         router.add_api_route(f"/{endpoint}/{{name}}", one, methods=["GET", "HEAD"])
+
+    leading = probes.leading
+    if leading is not None:
+
+        async def leaderz() -> PlainTextResponse:
+            if leading():
+                return _response("leading", 200)
+            return _response("not leading", 503)
+
+        router.add_api_route("/leaderz", leaderz, methods=["GET", "HEAD"])
     return router

@@ -45,7 +45,7 @@ from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
-from nmo.webhooks.probes import Check, CheckFailed, Probes
+from nmo.webhooks.probes import Check, CheckFailed, Leading, Probes
 from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
 from nmo.webhooks.validators import Lookups
 
@@ -343,20 +343,22 @@ async def serve(
     metrics: Metrics,
     readiness: Mapping[str, Check] | None = None,
     liveness: Mapping[str, Check] | None = None,
+    leading: Leading | None = None,
     lookup_settings: LookupSettings | None = None,
 ) -> None:
     """Run the webhook, probes and metrics servers until cancelled.
 
     ``nodes`` and ``maintenances`` are the operator's informers for all Nodes
     and all NodeMaintenances (see :func:`nmo.webhooks.lookups.build_lookups`);
-    ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``.
-    Raises when a server cannot start or stops on its own.
+    ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``;
+    ``leading`` (whether this replica runs the maintenance workers) answers
+    ``/leaderz``. Raises when a server cannot start or stops on its own.
     """
     lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
     ready = dict(readiness or {})
     if settings.require_webhook_for_ready and settings.webhook_port is not None:
         ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
-    probes = Probes(healthz=liveness, readyz=ready)
+    probes = Probes(healthz=liveness, readyz=ready, leading=leading)
     servers = Servers(settings, kube=kube, lookups=lookups, metrics=metrics, probes=probes)
     await servers.start()
     try:

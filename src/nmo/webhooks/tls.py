@@ -114,6 +114,7 @@ class ReloadingCertificate:
         self.loaded: tuple[Path, Path] | None = None
         self._identity: tuple[_Identity, _Identity] | None = None
         self.reloads = 0
+        self.checks = 0  # calls of reload_if_changed (the watcher's polls)
 
     def load(self) -> None:
         """Load the pair now; raises CertificatesMissing or ssl.SSLError."""
@@ -144,6 +145,7 @@ class ReloadingCertificate:
 
     def reload_if_changed(self) -> bool:
         """Reload when the files changed; True when a new pair was loaded."""
+        self.checks += 1
         if not self.changed():
             return False
         try:
