@@ -88,12 +88,6 @@ def test_the_audit_uri_is_url_decoded() -> None:
     assert nodes_read(event) == set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnscopedPodReads,  # any other failure is a failure
-    reason="core v2 pending: nmo still lists and watches every bound pod of the cluster "
-    "(fieldSelector spec.nodeName!=)",
-)
 async def test_nmo_lists_and_watches_pods_only_of_nodes_under_maintenance(
     operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
 ) -> None:

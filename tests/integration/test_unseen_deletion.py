@@ -20,14 +20,15 @@ already under way may read the lease once and find it gone).
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 import httpx
 import pytest
+from audit import AuditEvent, AuditLog, nmo_events, show
 from objects import NM, Api, uid
 from operator_fixtures import Operator, wait_for
 
+from nmo.api import constants as c
 from nmo.sandbox import Sandbox
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -36,37 +37,31 @@ LEASE_NS = "medik8s-leases"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"
 
 
-def _audit(sandbox: Sandbox, offset: int) -> list[dict[str, Any]]:
-    events = []
-    with sandbox.audit_log.open() as f:
-        f.seek(offset)
-        for line in f:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written right now
-    return events
+class Seen:
+    """nmo's audit events since a point in time, read incrementally."""
 
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._log = AuditLog(sandbox.audit_log)
+        self.events: list[AuditEvent] = []
 
-def _nmo(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in events if str(e.get("userAgent", "")).startswith("nmo/")]
+    def read(self) -> list[AuditEvent]:
+        self.events += nmo_events(self._log.read())
+        return self.events
 
+    def lease(self, node: str) -> list[AuditEvent]:
+        return [
+            e
+            for e in self.read()
+            if e.resource == "leases"
+            and e.namespace == LEASE_NS
+            and (e.name == f"node-{node}" or (e.verb == "create" and f"node-{node}" in str(e.raw)))
+        ]
 
-def _lease_requests(events: list[dict[str, Any]], node: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in _nmo(events)
-        if (e.get("objectRef") or {}).get("resource") == "leases"
-        and (e.get("objectRef") or {}).get("namespace") == LEASE_NS
-        and (
-            (e.get("objectRef") or {}).get("name") == f"node-{node}"
-            or (e.get("verb") == "create" and f"node-{node}" in json.dumps(e))
-        )
-    ]
+    def renewals(self, node: str) -> int:
+        return sum(1 for e in self.lease(node) if e.verb == "update")
 
-
-def _renewals(events: list[dict[str, Any]], node: str) -> int:
-    return sum(1 for e in _lease_requests(events, node) if e.get("verb") == "update")
+    def maintenance_lists(self) -> list[AuditEvent]:
+        return [e for e in self.read() if e.verb == "list" and e.on(c.PLURAL)]
 
 
 @pytest.fixture
@@ -100,27 +95,19 @@ async def _two_maintenances(api: Api, node_factory: Any) -> tuple[str, str, str,
     return victim, victim_node, control, control_node
 
 
-async def _assert_left_alone(
-    sandbox: Sandbox, api: Api, offset: int, victim_node: str, control_node: str
-) -> None:
+async def _assert_left_alone(seen: Seen, api: Api, victim_node: str, control_node: str) -> None:
     """No write to the victim's lease, and no request at all once nmo knew."""
 
     async def control_renewed_twice() -> bool:
-        return _renewals(_audit(sandbox, offset), control_node) >= 2
+        return seen.renewals(control_node) >= 2
 
     await wait_for(control_renewed_twice, timeout=60, what="two renewals of the control lease")
-    events = _audit(sandbox, offset)
-    touched = _lease_requests(events, victim_node)
-    writes = [e for e in touched if e.get("verb") != "get"]
-    assert writes == [], f"nmo wrote the lease of a forgotten maintenance: {writes}"
-    known = min(
-        str(e.get("stageTimestamp"))
-        for e in _nmo(events)
-        if e.get("verb") == "list"
-        and (e.get("objectRef") or {}).get("resource") == "nodemaintenances"
-    )
-    late = [e for e in touched if str(e.get("requestReceivedTimestamp")) > known]
-    assert late == [], f"a renewer outlived its maintenance: {late}"
+    touched = seen.lease(victim_node)
+    writes = [e for e in touched if e.is_write]
+    assert writes == [], f"nmo wrote the lease of a forgotten maintenance:\n{show(writes)}"
+    known = min(str(e.raw.get("stageTimestamp")) for e in seen.maintenance_lists())
+    late = [e for e in touched if str(e.raw.get("requestReceivedTimestamp")) > known]
+    assert late == [], f"a renewer outlived its maintenance:\n{show(late)}"
     assert await api.lease(victim_node) is None, "the released lease was re-created"
 
 
@@ -134,9 +121,9 @@ async def test_deleted_while_nmo_was_stopped(
     await api.delete(
         f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/node-{victim_node}"
     )
-    offset = sandbox.audit_log.stat().st_size
+    seen = Seen(sandbox)
     await operator.start()
-    await _assert_left_alone(sandbox, api, offset, victim_node, control_node)
+    await _assert_left_alone(seen, api, victim_node, control_node)
     await api.delete_nm_and_wait_gone(control)
 
 
@@ -147,19 +134,15 @@ async def test_deleted_during_a_watch_gap(
     await sandbox.stop_apiserver()
     await _etcd_delete(sandbox, f"/registry/nodemaintenance.medik8s.io/nodemaintenances/{victim}")
     await _etcd_delete(sandbox, f"/registry/leases/{LEASE_NS}/node-{victim_node}")
-    offset = sandbox.audit_log.stat().st_size
+    seen = Seen(sandbox)
     await sandbox.start_apiserver()
     async with sandbox.client() as fresh:
         again = Api(fresh)
 
         async def relisted() -> bool:
-            return any(
-                e.get("verb") == "list"
-                and (e.get("objectRef") or {}).get("resource") == "nodemaintenances"
-                for e in _nmo(_audit(sandbox, offset))
-            )
+            return bool(seen.maintenance_lists())
 
         await wait_for(relisted, timeout=60, what="nmo re-listing NodeMaintenances")
-        await _assert_left_alone(sandbox, again, offset, victim_node, control_node)
+        await _assert_left_alone(seen, again, victim_node, control_node)
         assert operator.proc is not None and operator.proc.poll() is None
         await again.delete_nm_and_wait_gone(control)
