@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -125,8 +126,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def engine_settings(args: argparse.Namespace) -> EngineSettings:
-    settings = EngineSettings(
+@dataclass(frozen=True)
+class Connection:
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``nmo run`` was told: parsed once, then passed down as one tree."""
+
+    connection: Connection
+    engine: EngineSettings
+    servers: ServerSettings
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    engine = EngineSettings(
         lease_namespace=args.lease_namespace,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         max_parallel_evictions=args.max_parallel_evictions,
@@ -140,8 +157,23 @@ def engine_settings(args: argparse.Namespace) -> EngineSettings:
         plan=PlanSettings(status_interval=args.status_interval),
     )
     if args.identity:
-        settings.identity = args.identity
-    return settings
+        engine.identity = args.identity
+    servers = ServerSettings(
+        bind_address=args.bind_address,
+        webhook_port=args.webhook_port if args.enable_webhook else None,
+        probes_port=args.health_probe_port,
+        metrics_port=args.metrics_port,
+        cert_dir=Path(args.cert_dir),
+        metrics_secure=args.metrics_secure,
+        require_webhook_for_ready=args.require_webhook_for_readiness,
+    )
+    return Settings(
+        connection=Connection(
+            kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
+        ),
+        engine=engine,
+        servers=servers,
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -152,27 +184,29 @@ async def run(args: argparse.Namespace) -> int:
         if value < 1:
             log.error("%s must be at least 1 (got %d)", name, value)
             return 2
+    settings = settings_from(args)
+    conn = settings.connection
     try:
         kube = await Kube.connect(
-            kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
+            kubeconfig=conn.kubeconfig, context=conn.context, in_cluster=conn.in_cluster
         )
     except Exception as exc:
         log.error("cannot connect to the Kubernetes API: %s", exc)
         return 1
     metrics = Metrics()
-    engine = Engine(kube, engine_settings(args), metrics)
+    engine = Engine(kube, settings.engine, metrics)
     log.info(
         "nmo %s starting maintenance operator (api %s, lease namespace %s)",
         __version__,
         kube.server,
-        args.lease_namespace,
+        settings.engine.lease_namespace,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # The servers register their cache handlers before the informers start.
-    tasks = [asyncio.create_task(_servers(args, kube, engine, metrics), name="servers")]
+    tasks = [asyncio.create_task(_servers(settings.servers, kube, engine, metrics), name="servers")]
     await asyncio.sleep(0)
     tasks.append(asyncio.create_task(engine.run(), name="engine"))
     stopper = asyncio.create_task(stop.wait(), name="signal")
@@ -191,17 +225,8 @@ async def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _servers(args: argparse.Namespace, kube: Kube, engine: Engine, metrics: Metrics) -> None:
+async def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics: Metrics) -> None:
     """The FastAPI side (webhook, probes, metrics) in this event loop."""
-    settings = ServerSettings(
-        bind_address=args.bind_address,
-        webhook_port=args.webhook_port if args.enable_webhook else None,
-        probes_port=args.health_probe_port,
-        metrics_port=args.metrics_port,
-        cert_dir=Path(args.cert_dir),
-        metrics_secure=args.metrics_secure,
-        require_webhook_for_ready=args.require_webhook_for_readiness,
-    )
 
     def caches() -> None:
         if not engine.synced():
