@@ -86,6 +86,13 @@ async def drive(kube: Kube, pods: list[dict[str, Any]]) -> tuple[Memory, list[st
         (MULTI_500, "MultiplePDBs", None, "multiple_pdbs"),
         (httpx.Response(422, json={"message": "weird"}), "EvictionError", None, "error"),
         (httpx.Response(201, json={}), "Terminating", None, "evicted"),
+        # concurrent evictions behind one PDB race on its status: retried soon
+        (
+            httpx.Response(409, json={"reason": "Conflict", "message": "object modified"}),
+            "Waiting",
+            None,
+            "conflict",
+        ),
     ],
 )
 async def test_eviction_answers(
@@ -112,6 +119,8 @@ async def test_eviction_answers(
         assert report.last_error is not None and "ns" in report.last_error
     if outcome == "pdb_blocked":
         assert report.next_wake is not None and report.next_wake >= 6.5  # Retry-After 7 s
+    if outcome == "conflict":
+        assert report.next_wake is not None and report.next_wake <= 0.2
 
 
 async def test_gone_pods_and_replaced_uids_leave_the_pending_list(

@@ -31,7 +31,7 @@ class Metrics:
         self.evictions = Counter(
             "nmo_evictions_total",
             "Eviction API calls by outcome "
-            "(evicted, gone, pdb_blocked, namespace_terminating, multiple_pdbs, error).",
+            "(evicted, gone, pdb_blocked, conflict, namespace_terminating, multiple_pdbs, error).",
             ["outcome"],
             registry=r,
         )

@@ -1,0 +1,84 @@
+"""What wakes a maintenance: PDB changes, pod events, node events (no I/O)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import respx
+
+from nmo.core.engine import Engine, EngineSettings
+from nmo.core.kube import Kube
+from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
+from nmo.core.metrics import Metrics
+
+
+def _engine(kube: Kube) -> Engine:
+    engine = Engine(kube, EngineSettings(leader_election=False), Metrics())
+    engine.leading = True
+    return engine
+
+
+def _blocked(pdb: str, seconds_ago: int) -> PodDrainState:
+    since = datetime(2026, 12, 1, tzinfo=UTC) - timedelta(seconds=seconds_ago)
+    return PodDrainState(uid="u", reason=REASON_PDB, pdb=pdb, since=since, next_attempt=1e9)
+
+
+def _pdb(name: str, allowed: int, namespace: str = "app") -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
+async def test_a_pdb_that_allows_disruptions_unblocks_its_longest_waiting_pods(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    engine = _engine(kube)
+    record = engine.memories.recall("nm-1", "n1")
+    record.drain.update(
+        {
+            "app/a": _blocked("web", 10),
+            "app/b": _blocked("web", 30),
+            "app/c": _blocked("web", 20),
+            "app/d": _blocked("db", 40),
+            "other/e": _blocked("web", 50),  # same PDB name, another namespace
+        }
+    )
+    engine._on_pdb("MODIFIED", _pdb("web", 0), None)
+    assert len(engine.queue) == 0, "a PDB that allows nothing wakes nobody"
+    engine._on_pdb("MODIFIED", _pdb("web", 2), None)
+    due = sorted(k for k, s in record.drain.items() if s.next_attempt == 0.0)
+    assert due == ["app/b", "app/c"]  # the two that waited longest, in web's namespace
+    assert len(engine.queue) == 1
+
+
+async def test_the_last_pod_leaving_wakes_the_maintenance_at_once(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    engine = _engine(kube)
+    record = engine.memories.recall("nm-1", "n1")
+    record.drain["app/a"] = PodDrainState(uid="u", evicted=True)
+    engine._watch_pods(record)
+    assert record.pods is not None
+    record.pods.store["app/a"] = {"metadata": {"name": "a", "namespace": "app"}}
+    engine._on_pod(record, "MODIFIED", record.pods.store["app/a"])
+    assert len(engine.queue) == 0, "pod churn is debounced"
+    del record.pods.store["app/a"]
+    engine._on_pod(record, "DELETED", {"metadata": {"name": "a", "namespace": "app"}})
+    assert len(engine.queue) == 1, "no debounce once nothing is left to evict"
+    engine.memories.forget("nm-1")
+
+
+async def test_node_events_wake_only_its_maintenances(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    engine = _engine(kube)
+    for name, node in (("nm-1", "n1"), ("nm-2", "n2")):
+        engine.maintenances._apply(
+            "ADDED",
+            {"metadata": {"name": name, "resourceVersion": "1"}, "spec": {"nodeName": node}},
+        )
+    engine.queue = type(engine.queue)()
+    engine._on_node("MODIFIED", {"metadata": {"name": "n2"}}, None)
+    assert len(engine.queue) == 1
+    assert await engine.queue.get() == "nm-2"
