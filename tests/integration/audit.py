@@ -14,6 +14,8 @@ was received after the first marker was (a request that started earlier but
 completed inside the window, such as a long watch, is left out). Because an
 event is written when the request completes, a watch appears only when it
 ends: stop the watching process before closing a window that must see it.
+Close a window once the thing waited for has been seen: what is waited for
+bounds the window, never a duration.
 """
 
 from __future__ import annotations
