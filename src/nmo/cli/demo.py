@@ -162,16 +162,17 @@ class Demo:
                 raise DemoFailed(f"nmo exited:\n{self.nmo_log.read_text()[-2000:]}")
             try:
                 async with httpx.AsyncClient() as probe:
-                    resp = await probe.get(f"http://127.0.0.1:{probes}/readyz")
-                return (
-                    resp.status_code == 200
-                    and "maintenance workers starting" in self.nmo_log.read_text()
-                )
+                    ready = await probe.get(f"http://127.0.0.1:{probes}/readyz")
+                    leading = await probe.get(f"http://127.0.0.1:{probes}/leaderz")
+                return ready.status_code == 200 and leading.status_code == 200
             except httpx.TransportError:
                 return False
 
         await until(ready, 60, "nmo to be ready")
-        ok(f"nmo is leader and ready: curl -fsS http://127.0.0.1:{probes}/readyz answers ok")
+        ok(
+            f"nmo is leader and ready: curl -fsS http://127.0.0.1:{probes}/readyz answers ok, "
+            "/leaderz answers leading"
+        )
 
     async def uninstall(self) -> None:
         step("Uninstall the chart")
