@@ -469,3 +469,14 @@ def test_lease_failure_before_the_pods_are_known_waits_for_them() -> None:
     plan = planner.plan_lease_failure(obs, error="x", foreign=False)
     assert plan.status is None, "no status without the starting figures"
     assert plan.result.requeue_after == planner.SETTINGS.pods_wait
+
+
+@pytest.mark.parametrize(
+    ("phase", "deleting", "reads"),
+    [(None, False, True), (Phase.RUNNING, False, True), (Phase.FAILED, False, False),
+     (Phase.FAILED, True, True), (Phase.SUCCEEDED, True, True)],
+)  # fmt: skip
+def test_a_failed_cr_left_alone_does_not_read_its_node(
+    phase: Phase | None, deleting: bool, reads: bool
+) -> None:
+    assert planner.needs_node(nm_obj(phase=phase, deleting=deleting)) is reads

@@ -118,9 +118,9 @@ class Reconciler:
             for o in self.maintenances.by_index(node_name)
             if o["metadata"]["name"] != nm.metadata.name
         )
-        node = await self._node(node_name)
+        node = await self._node(node_name) if planner.needs_node(nm) else None
         pods: tuple[Obj, ...] | None = None
-        if record.pods is not None and record.pods.synced.is_set():
+        if node is not None and record.pods is not None and record.pods.synced.is_set():
             pods = tuple(record.pods.store.values())
             await self._daemonsets(record, pods)
         return Observed(

@@ -35,7 +35,7 @@ class Recall:
 class Observed:
     nm: NodeMaintenance
     others: tuple[NodeMaintenance, ...]  # other CRs naming the same node
-    node: Obj | None  # None: the node does not exist
+    node: Obj | None  # None: the node does not exist (or was not read: planner.needs_node)
     pods: tuple[Obj, ...] | None  # the node's pods; None while its pod watch has not synced
     daemonsets: Mapping[str, bool]  # "namespace/name" of DaemonSet owners -> exists
     drain: Mapping[str, PodDrainState]  # per-pod drain states ("namespace/name")

@@ -150,6 +150,11 @@ def _started(obs: Observed) -> NodeMaintenanceStatus:
     return status.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
 
 
+def needs_node(nm: NodeMaintenance) -> bool:
+    """Whether a pass for the CR reads its node (a Failed CR left alone does not)."""
+    return nm.metadata.deletion_timestamp is not None or nm.status.phase is not Phase.FAILED
+
+
 def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
     """Everything one pass does for the CR (assuming the lease step succeeds)."""
     if obs.nm.metadata.deletion_timestamp is not None:
