@@ -582,11 +582,11 @@ async def prepare_workload(
         await label_node(http, spare, {pool_key(n): "yes" for n in nodes})
 
 
-async def run_drain(ctx: DrainContext, scenario: Scenario, tool: str) -> Obj:
+async def run_drain(ctx: DrainContext, scenario: Scenario, tool: str, tag: str = "") -> Obj:
     """Drain a fresh node holding ``scenario.pods`` pods with ``tool``; then clean up."""
     http = ctx.http
-    node = f"{scenario.name}-{tool}"
-    ns = f"bench-{scenario.name}-{tool}"
+    node = f"{scenario.name}-{tool}{'-' + tag if tag else ''}"
+    ns = f"bench-{node}"
     await create_nodes(http, [node])
     await prepare_workload(ctx, ns, [node], scenario.pods, scenario.pdb)
     result: Obj = {"scenario": scenario.name, "pods": scenario.pods, "tool": tool}
@@ -673,24 +673,37 @@ async def _drain_ceiling(ctx: DrainContext, node: str) -> Obj:
     }
 
 
-async def _drain_kubectl(ctx: DrainContext, node: str) -> Obj:
+async def _drain_kubectl(ctx: DrainContext, node: str, attempts: int = 50) -> Obj:
+    """``kubectl drain``, run again while it fails, as a user's retry loop would.
+
+    kubectl retries only 429 on its own: a 409 (the PDB's status changed
+    under a concurrent eviction) makes it give up on that pod and exit 1
+    after the others are done.
+    """
     empty = await _observe_empty(ctx.http, node, ctx.timeout)
     window = AuditWindow.open(ctx.sb)
     started = time.monotonic()
-    result = await ctx.sb.kubectl(
-        "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-        f"--timeout={int(ctx.timeout)}s", timeout=ctx.timeout + 60,
-    )  # fmt: skip
-    seconds = time.monotonic() - started
-    if result.returncode != 0:
+    failures: list[str] = []
+    for _ in range(attempts):
+        result = await ctx.sb.kubectl(
+            "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+            f"--timeout={int(ctx.timeout)}s", timeout=ctx.timeout + 60,
+        )  # fmt: skip
+        if result.returncode == 0:
+            break
+        failures.append(result.stderr.strip().splitlines()[-1][:300] if result.stderr else "")
+    else:
         empty.cancel()
-        raise RuntimeError(f"kubectl drain failed: {result.stderr[-2000:]}")
+        raise RuntimeError(f"kubectl drain failed {attempts} times: {failures[-1]}")
+    seconds = time.monotonic() - started
     emptied = await empty
     await window.close(ctx.http)
     requests, verbs = window.count("kubectl")
     return {
         "seconds": round(seconds, 2),
         "node_empty_s": round(emptied - started, 2),
+        "kubectl_runs": len(failures) + 1,
+        "kubectl_first_error": failures[0] if failures else None,
         "requests": requests,
         "requests_by_verb": verbs,
     }
