@@ -635,11 +635,14 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
 
             empty = await _observe_empty(http, node, ctx.timeout)
             window = AuditWindow.open(ctx.sb)
-            async with RssSampler(nmo.pid) as rss:
-                started = time.monotonic()
-                await ok(http.post(NM, json=maintenance(name, node)))
-                done = await hub.wait(succeeded, ctx.timeout, f"{name} to succeed")
-                emptied = await empty
+            try:
+                async with RssSampler(nmo.pid) as rss:
+                    started = time.monotonic()
+                    await ok(http.post(NM, json=maintenance(name, node)))
+                    done = await hub.wait(succeeded, ctx.timeout, f"{name} to succeed")
+                    emptied = await empty
+            finally:
+                empty.cancel()
             await window.close(http)
             requests, verbs = window.count("nmo/")
             await ok(http.delete(f"{NM}/{name}"), 200, 202, 404)
@@ -684,19 +687,21 @@ async def _drain_kubectl(ctx: DrainContext, node: str, attempts: int = 50) -> Ob
     window = AuditWindow.open(ctx.sb)
     started = time.monotonic()
     failures: list[str] = []
-    for _ in range(attempts):
-        result = await ctx.sb.kubectl(
-            "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-            f"--timeout={int(ctx.timeout)}s", timeout=ctx.timeout + 60,
-        )  # fmt: skip
-        if result.returncode == 0:
-            break
-        failures.append(result.stderr.strip().splitlines()[-1][:300] if result.stderr else "")
-    else:
+    try:
+        for _ in range(attempts):
+            result = await ctx.sb.kubectl(
+                "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                f"--timeout={int(ctx.timeout)}s", timeout=ctx.timeout + 60,
+            )  # fmt: skip
+            if result.returncode == 0:
+                break
+            failures.append(result.stderr.strip().splitlines()[-1][:300] if result.stderr else "")
+        else:
+            raise RuntimeError(f"kubectl drain failed {attempts} times: {failures[-1]}")
+        seconds = time.monotonic() - started
+        emptied = await empty
+    finally:
         empty.cancel()
-        raise RuntimeError(f"kubectl drain failed {attempts} times: {failures[-1]}")
-    seconds = time.monotonic() - started
-    emptied = await empty
     await window.close(ctx.http)
     requests, verbs = window.count("kubectl")
     return {

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -47,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,6 +345,15 @@ async def _empty_watchers(
     return tasks
 
 
+@contextlib.asynccontextmanager
+async def _cancelling(tasks: list[asyncio.Task[float]]) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 async def concurrent(b: Bench) -> dict[str, Any]:
     http, count, per = b.http, b.opts.concurrent_nodes, b.opts.concurrent_pods
     ctx = b.ctx()
@@ -368,7 +379,7 @@ async def concurrent(b: Bench) -> dict[str, Any]:
 
                 empties = await _empty_watchers(http, others, ctx.timeout)
                 window = AuditWindow.open(b.sb)
-                async with RssSampler(nmo.pid) as rss:
+                async with RssSampler(nmo.pid) as rss, _cancelling(empties):
                     started = time.monotonic()
                     await asyncio.gather(
                         *(ok(http.post(NM, json=maintenance(f"bench-{n}", n))) for n in nodes)
