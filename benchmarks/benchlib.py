@@ -43,7 +43,7 @@ from ceiling import (
     list_node_pods,
     wait_node_empty,
 )
-from procstats import free_port, rss_mib
+from procstats import cpu_seconds, free_port, rss_mib
 
 import nmo
 from nmo.api import constants as c
@@ -394,6 +394,7 @@ class Nmo:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_after = 0.0
         self.startup_peak_rss = 0.0
+        self.startup_cpu = 0.0
 
     @property
     def pid(self) -> int:
@@ -434,6 +435,7 @@ class Nmo:
 
             await until(ready, timeout, "nmo to be ready (caches synced)", interval=0.05)
         self.ready_after = time.monotonic() - started
+        self.startup_cpu = cpu_seconds(self.pid)
         return self.ready_after
 
     async def stop(self) -> None:
@@ -456,13 +458,18 @@ class Nmo:
 
 
 class RssSampler:
-    """Samples a process's RSS every ``interval`` seconds while in use; keeps the peak."""
+    """Samples a process's RSS every ``interval`` seconds while in use; keeps the peak.
+
+    Also records the CPU time the process used inside the block (``cpu``).
+    """
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
         self.pid = pid
         self.interval = interval
         self.peak = rss_mib(pid)
         self.last = self.peak
+        self.cpu = 0.0
+        self._cpu0 = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -472,6 +479,7 @@ class RssSampler:
             await asyncio.sleep(self.interval)
 
     async def __aenter__(self) -> RssSampler:
+        self._cpu0 = cpu_seconds(self.pid)
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -482,6 +490,7 @@ class RssSampler:
                 await self._task
         self.last = rss_mib(self.pid)
         self.peak = max(self.peak, self.last)
+        self.cpu = cpu_seconds(self.pid) - self._cpu0
 
 
 # -- audit log ----------------------------------------------------------------
@@ -657,6 +666,7 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
         "nmo_ready_s": round(nmo.ready_after, 2),
         "nmo_idle_rss_mib": round(idle, 1),
         "nmo_peak_rss_mib": round(rss.peak, 1),
+        "nmo_cpu_s": round(rss.cpu, 2),
     }
 
 

@@ -9,7 +9,7 @@ One sandbox, grown step by step (``--parts``, default all four):
     At each step a fresh ``nmo run`` is started, ``/readyz`` (caches
     synced) awaited, and after ``--settle`` (10) s its RSS is read. Printed:
     MiB per step and the delta vs the first (empty) step, plus the time to
-    ready and the startup peak.
+    ready, the startup peak and the CPU time used starting and settling.
 (b) reaction latency, at the ``--workload-pods`` step (default 10000): for
     each of ``--latency-crs`` (50) empty nodes, ONE AT A TIME, create a
     NodeMaintenance and time create -> everything in place (phase Running
@@ -180,6 +180,8 @@ async def idle_rss(b: Bench, label: str, pods: int) -> dict[str, Any]:
             "pods": pods,
             "ready_s": round(nmo.ready_after, 2),
             "startup_peak_rss_mib": round(nmo.startup_peak_rss, 1),
+            "startup_cpu_s": round(nmo.startup_cpu, 2),
+            "settle_cpu_s": round(rss.cpu, 2),
             "settle_peak_rss_mib": round(rss.peak, 1),
             "idle_rss_mib": round(rss.last, 1),
         }
@@ -319,6 +321,7 @@ async def big_drain(b: Bench) -> dict[str, Any]:
         record["nmo_node_empty_s"] = results["nmo"]["node_empty_s"]
         record["nmo_requests"] = results["nmo"]["requests"]
         record["nmo_peak_rss_mib"] = results["nmo"]["nmo_peak_rss_mib"]
+        record["nmo_cpu_s"] = results["nmo"]["nmo_cpu_s"]
     if "nmo" in results and "ceiling" in results:
         record["nmo_over_ceiling"] = round(
             results["nmo"]["seconds"] / results["ceiling"]["seconds"], 2
@@ -404,6 +407,7 @@ async def concurrent(b: Bench) -> dict[str, Any]:
                     "nmo_requests": requests,
                     "nmo_requests_by_verb": verbs,
                     "nmo_peak_rss_mib": round(rss.peak, 1),
+                    "nmo_cpu_s": round(rss.cpu, 2),
                 }
                 for n in nodes:
                     await ok(http.delete(f"{NM}/bench-{n}"), 200, 202, 404)
@@ -446,12 +450,16 @@ def print_summary(out: dict[str, Any]) -> None:
     if rows:
         base = rows[0]["idle_rss_mib"]
         print("\n(a) idle RSS of a fresh nmo (caches synced, then settled)")
-        print("step           nodes   pods  ready(s)  startup peak  idle RSS  delta vs first")
+        print(
+            "step           nodes   pods  ready(s)  startup CPU(s)  startup peak    idle RSS"
+            "  delta vs first  CPU while settling(s)"
+        )
         for r in rows:
             print(
                 f"{r['step']:<13}  {r['nodes']:>5}  {r['pods']:>5}  {r['ready_s']:>8}  "
-                f"{r['startup_peak_rss_mib']:>8} MiB  {r['idle_rss_mib']:>5} MiB  "
-                f"{r['idle_rss_mib'] - base:>+9.1f} MiB"
+                f"{r['startup_cpu_s']:>14}  {r['startup_peak_rss_mib']:>8} MiB  "
+                f"{r['idle_rss_mib']:>6} MiB  {r['idle_rss_mib'] - base:>+10.1f} MiB  "
+                f"{r['settle_cpu_s']:>21}"
             )
     lat = out.get("b")
     if lat:
@@ -474,7 +482,7 @@ def print_summary(out: dict[str, Any]) -> None:
             f"(nodes empty at {conc['nmo_others_empty_s']} s), ceiling {conc['ceiling_s']} s, "
             f"nmo/ceiling {conc['nmo_over_ceiling']}x; blocked: {conc['blocked_phase']} "
             f"({conc['blocked_reason']}); nmo requests {conc['nmo_requests']}, "
-            f"peak RSS {conc['nmo_peak_rss_mib']} MiB"
+            f"peak RSS {conc['nmo_peak_rss_mib']} MiB, CPU {conc['nmo_cpu_s']} s"
         )
 
 
