@@ -560,6 +560,7 @@ class DrainContext:
     spares: list[str]
     nmo_log_level: str = "warning"
     timeout: float = 1800.0
+    ceiling_parallel: int = 100
 
 
 async def make_spares(ctx: DrainContext, count: int, capacity: int = 1000) -> None:
@@ -673,7 +674,9 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
 async def _drain_ceiling(ctx: DrainContext, node: str) -> Obj:
     window = AuditWindow.open(ctx.sb)
     async with client_from_kubeconfig(ctx.sb.kubeconfig) as client:
-        res = await drain_ceiling_detailed(client, node, timeout=ctx.timeout)
+        res = await drain_ceiling_detailed(
+            client, node, parallel=ctx.ceiling_parallel, timeout=ctx.timeout
+        )
     await window.close(ctx.http)
     requests, verbs = window.count("raw-ceiling/")
     return {

@@ -127,7 +127,14 @@ async def main(opts: argparse.Namespace) -> int:
         work = Path(tmp)
         async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=60) as http:
             await install_crd(http)
-            ctx = DrainContext(sb, http, work, [], nmo_log_level=opts.nmo_log_level)
+            ctx = DrainContext(
+                sb,
+                http,
+                work,
+                [],
+                nmo_log_level=opts.nmo_log_level,
+                ceiling_parallel=opts.ceiling_parallel,
+            )
             await make_spares(ctx, opts.spares)
             print(f"sandbox ready after {time.monotonic() - began:.1f}s", flush=True)
             for name in opts.scenarios:
@@ -153,6 +160,7 @@ if __name__ == "__main__":
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--spares", type=int, default=3, help="nodes for the replacements")
     parser.add_argument("--nmo-log-level", default="warning")
+    parser.add_argument("--ceiling-parallel", type=int, default=100, help="evictions in flight")
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per scenario (tool order rotates); medians"
     )

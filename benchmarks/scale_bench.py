@@ -122,7 +122,7 @@ async def scale_bulk(b: Bench, pods: int) -> float:
     started = time.monotonic()
     if pods == 0:
         if (await http.get(f"/api/v1/namespaces/{BULK_NS}")).status_code == 200:
-            await delete_namespace(http, BULK_NS)
+            await delete_namespace(http, BULK_NS, timeout=7200)
         return time.monotonic() - started
     if (await http.get(f"/api/v1/namespaces/{BULK_NS}")).status_code == 404:
         await create_namespace(http, BULK_NS)
