@@ -226,6 +226,11 @@ async def wait_pdb_current(
     return result
 
 
+def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``after - before`` for each of nmo's counters (rounded for printing)."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+
+
 def maintenance(name: str, node: str) -> Obj:
     return {
         "apiVersion": c.API_VERSION,
@@ -391,6 +396,7 @@ class Nmo:
         self.log_file = log_file
         self.log_level = log_level
         self.probe_port = free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_after = 0.0
         self.startup_peak_rss = 0.0
@@ -410,7 +416,7 @@ class Nmo:
         return [
             *head, "run", "--kubeconfig", str(self.sb.kubeconfig),
             "--no-leader-elect", "--no-enable-webhook", "--bind-address", "127.0.0.1",
-            "--health-probe-port", str(self.probe_port), "--metrics-port", str(free_port()),
+            "--health-probe-port", str(self.probe_port), "--metrics-port", str(self.metrics_port),
             "--no-metrics-secure", "--log-level", self.log_level,
         ]  # fmt: skip
 
@@ -437,6 +443,24 @@ class Nmo:
         self.ready_after = time.monotonic() - started
         self.startup_cpu = cpu_seconds(self.pid)
         return self.ready_after
+
+    async def metrics(self) -> dict[str, float]:
+        """nmo's own counters: reconcile passes and time, evictions by outcome."""
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            text = (await client.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            if name.startswith("nmo_reconcile_total"):
+                out["reconciles"] = out.get("reconciles", 0.0) + float(value)
+            elif name == "nmo_reconcile_duration_seconds_sum":
+                out["reconcile_s"] = float(value)
+            elif name.startswith("nmo_evictions_total{"):
+                outcome = name.split('outcome="', 1)[1].split('"', 1)[0]
+                out[f"evictions_{outcome}"] = float(value)
+        return out
 
     async def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -645,6 +669,7 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
 
             empty = await _observe_empty(http, node, ctx.timeout)
             window = AuditWindow.open(ctx.sb)
+            counters = await nmo.metrics()
             try:
                 async with RssSampler(nmo.pid) as rss:
                     started = time.monotonic()
@@ -653,6 +678,7 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
                     emptied = await empty
             finally:
                 empty.cancel()
+            counters = metrics_delta(counters, await nmo.metrics())
             await window.close(http)
             requests, verbs = window.count("nmo/")
             await ok(http.delete(f"{NM}/{name}"), 200, 202, 404)
@@ -668,6 +694,8 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
         "nmo_idle_rss_mib": round(idle, 1),
         "nmo_peak_rss_mib": round(rss.peak, 1),
         "nmo_cpu_s": round(rss.cpu, 2),
+        "nmo_reconciles": int(counters.get("reconciles", 0)),
+        "nmo_metrics": counters,
     }
 
 

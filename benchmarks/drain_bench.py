@@ -18,7 +18,8 @@ drains it with that tool alone:
 * ``nmo``: a fresh ``nmo run`` (started for this drain only, caches synced
   first), time from creating the NodeMaintenance to ``phase=Succeeded``,
   observed by a watch; its peak RSS during the drain (sampled every 50 ms),
-  the CPU time it used and its API requests (user agent ``nmo/``) in the apiserver's audit log;
+  the CPU time it used, its reconcile passes (from its /metrics) and its
+  API requests (user agent ``nmo/``) in the apiserver's audit log;
 * ``kubectl``: ``kubectl drain --ignore-daemonsets --delete-emptydir-data
   --force``, wall time; run again while it exits non-zero, as a user's
   retry loop would (kubectl retries 429 itself but gives up on a pod whose
@@ -93,7 +94,7 @@ def _cell(results: list[dict[str, Any]], key: str = "seconds") -> str:
 def summary(results: list[dict[str, Any]], scenarios: list[str]) -> str:
     rows = [
         "scenario  pods  ceiling(s)  nmo(s)  nmo node empty(s)  kubectl(s)  nmo/ceiling  "
-        "kubectl/ceiling  requests ceiling/nmo/kubectl  nmo peak RSS (MiB)  nmo CPU(s)",
+        "kubectl/ceiling  requests ceiling/nmo/kubectl  nmo peak RSS (MiB)  nmo CPU(s)  nmo passes",
     ]
     for name in scenarios:
         by = {t: [r for r in results if r["scenario"] == name and r["tool"] == t] for t in TOOLS}
@@ -103,11 +104,13 @@ def summary(results: list[dict[str, Any]], scenarios: list[str]) -> str:
         req = "/".join(str(int(_median(by[t], "requests") or 0)) if by[t] else "-" for t in TOOLS)
         rss = _cell(by["nmo"], "nmo_peak_rss_mib")
         cpu = _cell(by["nmo"], "nmo_cpu_s")
+        passes = _cell(by["nmo"], "nmo_reconciles")
         rows.append(
             f"{name:<8}  {SCENARIOS[name].pods:>4}  {_cell(by['ceiling']):>10}  "
             f"{_cell(by['nmo']):>6}  {_cell(by['nmo'], 'node_empty_s'):>17}  "
             f"{_cell(by['kubectl']):>10}  {ratio(med['nmo'], med['ceiling']):>11}  "
-            f"{ratio(med['kubectl'], med['ceiling']):>15}  {req:>28}  {rss:>18}  {cpu:>10}"
+            f"{ratio(med['kubectl'], med['ceiling']):>15}  {req:>28}  {rss:>18}  "
+            f"{cpu:>10}  {passes:>10}"
         )
     for r in results:
         if r["tool"] == "kubectl" and r.get("kubectl_runs", 1) > 1:

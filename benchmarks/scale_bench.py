@@ -73,6 +73,7 @@ from benchlib import (
     install_crd,
     maintenance,
     make_spares,
+    metrics_delta,
     nmo_commit,
     ok,
     prepare_workload,
@@ -382,6 +383,7 @@ async def concurrent(b: Bench) -> dict[str, Any]:
 
                 empties = await _empty_watchers(http, others, ctx.timeout)
                 window = AuditWindow.open(b.sb)
+                counters = await nmo.metrics()
                 async with RssSampler(nmo.pid) as rss, _cancelling(empties):
                     started = time.monotonic()
                     await asyncio.gather(
@@ -394,6 +396,7 @@ async def concurrent(b: Bench) -> dict[str, Any]:
                         f"{len(others)} maintenances to succeed",
                     )
                     emptied = max(await asyncio.gather(*empties))
+                counters = metrics_delta(counters, await nmo.metrics())
                 await window.close(http)
                 requests, verbs = window.count("nmo/")
                 held = crs.store.get(f"bench-{blocked}") or {}
@@ -408,6 +411,7 @@ async def concurrent(b: Bench) -> dict[str, Any]:
                     "nmo_requests_by_verb": verbs,
                     "nmo_peak_rss_mib": round(rss.peak, 1),
                     "nmo_cpu_s": round(rss.cpu, 2),
+                    "nmo_metrics": counters,
                 }
                 for n in nodes:
                     await ok(http.delete(f"{NM}/bench-{n}"), 200, 202, 404)
