@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
 
-.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench bench-webhook clean
+.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean
 
 all: test
 
@@ -51,6 +51,9 @@ demo: $(STAMP) sandbox-bin
 
 bench: $(STAMP) sandbox-bin
 	$(BIN)/python benchmarks/drain_bench.py
+
+bench-scale: $(STAMP) sandbox-bin
+	$(BIN)/python benchmarks/scale_bench.py
 
 bench-webhook: $(STAMP) sandbox-bin
 	$(BIN)/python benchmarks/webhook_bench.py

@@ -1,18 +1,43 @@
-"""Drain benchmark: nmo against ``kubectl drain`` on identical nodes, same run.
+"""Drain benchmark: nmo vs the raw eviction ceiling vs ``kubectl drain``, same run.
 
-For each size (default 100 and 1000 pods) the benchmark puts that many
-Deployment pods on two identical kwok nodes, then
+Scenarios (``--scenarios``, default all):
 
-* drains node A with nmo (time from creating the NodeMaintenance to
-  ``phase=Succeeded``; the API requests nmo made in that window, counted by
-  user agent in the apiserver's audit log; nmo's peak RSS), and
-* drains node B with ``kubectl drain --ignore-daemonsets
-  --delete-emptydir-data --force`` (wall time and its requests, counted the
-  same way).
+* ``p100``: 100 pods, no PDB;
+* ``p1000``: 1000 pods, no PDB;
+* ``pdb300``: 300 pods behind one PDB with ``maxUnavailable: 10%``.
 
-Both nodes' pods have the same 1 s grace period and the same spare nodes to
-move to. Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
---sizes 100 1000``.
+For each scenario and each tool (``--tools``, in that order; default
+ceiling, nmo, kubectl) the benchmark creates a fresh, identical kwok node,
+puts the scenario's Deployment pods on it (1 s grace period, see
+``nmo.sandbox.manifests``), waits until they are Ready (and the PDB's status
+is computed), lets replacements go to the shared spare nodes only, then
+drains it with that tool alone:
+
+* ``ceiling``: ``ceiling.drain_ceiling`` (cordon, one LIST, 100 parallel
+  evictions, 50-100 ms retries on 409/429, watch until empty);
+* ``nmo``: a fresh ``nmo run`` (started for this drain only, caches synced
+  first), time from creating the NodeMaintenance to ``phase=Succeeded``,
+  observed by a watch; its peak RSS during the drain (sampled every 50 ms),
+  the CPU time it used, its reconcile passes (from its /metrics) and its
+  API requests (user agent ``nmo/``) in the apiserver's audit log;
+* ``kubectl``: ``kubectl drain --ignore-daemonsets --delete-emptydir-data
+  --force``, wall time; run again while it exits non-zero, as a user's
+  retry loop would (kubectl retries 429 itself but gives up on a pod whose
+  eviction answers 409, which concurrent evictions behind one PDB can get),
+  the runs are counted.
+
+Every tool also gets ``node_empty_s``: when the benchmark's own watch saw the
+node's last pod go. Between tools the cluster is cleaned: the CR deleted
+(nmo uncordons and releases the lease) and nmo stopped, the tool's namespace
+deleted and waited for until all its pods are gone, the node deleted. The
+ratios nmo/ceiling and kubectl/ceiling compare figures from the same run.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
+[--scenarios p100 p1000 pdb300] [--tools ceiling nmo kubectl] [--repeat N]``
+(``--repeat``: N rounds per scenario, each starting with the next tool;
+the summary shows medians and ranges). The machine
+has 2 cores shared by the whole control plane, nmo and the benchmark; figures
+are noisy, compare ratios within one run.
 """
 
 from __future__ import annotations
@@ -21,287 +46,126 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-from procstats import free_port, rss_mib
+from benchlib import (
+    TOOLS,
+    DrainContext,
+    Scenario,
+    environment_note,
+    install_crd,
+    make_spares,
+    nmo_commit,
+    run_drain,
+)
 
-from nmo.api.crd import crd
 from nmo.sandbox import Sandbox
-from nmo.sandbox.manifests import deployment, pod_spec
 
-NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
-
-
-def count_requests(audit: Path, offset: int, agent_prefix: str) -> tuple[int, dict[str, Any]]:
-    total, verbs = 0, {}
-    first = last_evict = ""
-    with audit.open() as f:
-        f.seek(offset)
-        for line in f:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if str(ev.get("userAgent", "")).startswith(agent_prefix):
-                total += 1
-                key = ev.get("verb", "?")
-                sub = (ev.get("objectRef") or {}).get("subresource")
-                if sub:
-                    key += f"/{sub}"
-                verbs[key] = verbs.get(key, 0) + 1
-                stamp = str(ev.get("requestReceivedTimestamp", ""))
-                first = first or stamp
-                if sub == "eviction":
-                    last_evict = max(last_evict, stamp)
-    if first and last_evict:
-        verbs["last_eviction_after_s"] = round(_ts(last_evict) - _ts(first), 2)
-    return total, verbs
+SCENARIOS = {
+    "p100": Scenario("p100", 100),
+    "p1000": Scenario("p1000", 1000),
+    "pdb300": Scenario("pdb300", 300, {"maxUnavailable": "10%"}),
+}
 
 
-def _ts(stamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
 
 
-async def until(check: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what}")
+def _median(results: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in results]
+    return statistics.median(values) if values else None
 
 
-def pool_deployment(name: str, replicas: int, pool: str) -> dict[str, Any]:
-    return deployment(name, replicas, pod_spec(node_selector={f"bench-pool-{pool}": "yes"}))
+def _cell(results: list[dict[str, Any]], key: str = "seconds") -> str:
+    """The median, with the range when there were several rounds."""
+    values = sorted(float(r[key]) for r in results)
+    if not values:
+        return "-"
+    med = f"{statistics.median(values):.2f}"
+    return med if len(values) == 1 else f"{med} ({values[0]:.1f}-{values[-1]:.1f})"
 
 
-async def running_on(http: httpx.AsyncClient, node: str) -> int:
-    resp = await http.get(
-        "/api/v1/pods", params={"fieldSelector": f"spec.nodeName={node},status.phase=Running"}
-    )
-    return len(resp.json()["items"])
-
-
-async def label(http: httpx.AsyncClient, node: str, labels: dict[str, str]) -> None:
-    resp = await http.patch(
-        f"/api/v1/nodes/{node}",
-        json={"metadata": {"labels": labels}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    resp.raise_for_status()
-
-
-async def run_size(sb: Sandbox, http: httpx.AsyncClient, nmo_pid: int, size: int) -> dict[str, Any]:
-    tag = f"s{size}"
-    a, b = f"{tag}-a", f"{tag}-b"
-    spares = [f"{tag}-spare-{i}" for i in range(2)]
-    for node in (a, b, *spares):
-        await sb.create_node(node, wait=False)
-    await sb.wait_nodes_ready([a, b, *spares])
-    await label(http, a, {f"bench-pool-{a}": "yes"})
-    await label(http, b, {f"bench-pool-{b}": "yes"})
-    ns = f"bench-{tag}"
-    (await http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})).raise_for_status()
-    await until(
-        lambda: _ok(http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")), 30, "default SA"
-    )
-    for node in (a, b):
-        resp = await http.post(
-            f"/apis/apps/v1/namespaces/{ns}/deployments",
-            json=pool_deployment(f"app-{node}", size, node),
+def summary(results: list[dict[str, Any]], scenarios: list[str]) -> str:
+    rows = [
+        "scenario  pods  ceiling(s)  nmo(s)  nmo node empty(s)  kubectl(s)  nmo/ceiling  "
+        "kubectl/ceiling  requests ceiling/nmo/kubectl  nmo peak RSS (MiB)  nmo CPU(s)  nmo passes",
+    ]
+    for name in scenarios:
+        by = {t: [r for r in results if r["scenario"] == name and r["tool"] == t] for t in TOOLS}
+        if not any(by.values()):
+            continue
+        med = {t: _median(by[t], "seconds") for t in TOOLS}
+        req = "/".join(str(int(_median(by[t], "requests") or 0)) if by[t] else "-" for t in TOOLS)
+        rss = _cell(by["nmo"], "nmo_peak_rss_mib")
+        cpu = _cell(by["nmo"], "nmo_cpu_s")
+        passes = _cell(by["nmo"], "nmo_reconciles")
+        rows.append(
+            f"{name:<8}  {SCENARIOS[name].pods:>4}  {_cell(by['ceiling']):>10}  "
+            f"{_cell(by['nmo']):>6}  {_cell(by['nmo'], 'node_empty_s'):>17}  "
+            f"{_cell(by['kubectl']):>10}  {ratio(med['nmo'], med['ceiling']):>11}  "
+            f"{ratio(med['kubectl'], med['ceiling']):>15}  {req:>28}  {rss:>18}  "
+            f"{cpu:>10}  {passes:>10}"
         )
-        resp.raise_for_status()
-    for node in (a, b):
-        await until(
-            lambda n=node: _at_least(running_on(http, n), size), 300, f"{size} pods on {node}"
-        )
-    # Replacements may now land on the spares (labelled for both pools).
-    for spare in spares:
-        await label(http, spare, {f"bench-pool-{a}": "yes", f"bench-pool-{b}": "yes"})
-
-    # nmo on node A
-    offset = sb.audit_log.stat().st_size
-    peak = rss_mib(nmo_pid)
-    started = time.monotonic()
-    body = {
-        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
-        "kind": "NodeMaintenance",
-        "metadata": {"name": f"bench-{a}"},
-        "spec": {"nodeName": a, "reason": "benchmark"},
-    }
-    (await http.post(NM, json=body)).raise_for_status()
-    while True:
-        peak = max(peak, rss_mib(nmo_pid))
-        obj = (await http.get(f"{NM}/bench-{a}")).json()
-        if (obj.get("status") or {}).get("phase") == "Succeeded":
-            break
-        if time.monotonic() - started > 900:
-            raise TimeoutError(f"nmo did not finish draining {a}")
-        await asyncio.sleep(0.05)
-    nmo_seconds = time.monotonic() - started
-    await asyncio.sleep(1.0)  # let the audit log flush
-    nmo_requests, nmo_verbs = count_requests(sb.audit_log, offset, "nmo/")
-
-    # kubectl drain on node B
-    offset = sb.audit_log.stat().st_size
-    started = time.monotonic()
-    result = await sb.kubectl(
-        "drain", b, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-        "--timeout=900s", timeout=960,
-    )  # fmt: skip
-    kubectl_seconds = time.monotonic() - started
-    if result.returncode != 0:
-        raise RuntimeError(f"kubectl drain failed: {result.stderr[-2000:]}")
-    await asyncio.sleep(1.0)
-    kubectl_requests, _ = count_requests(sb.audit_log, offset, "kubectl")
-    return {
-        "pods": size,
-        "nmo_seconds": round(nmo_seconds, 2),
-        "kubectl_seconds": round(kubectl_seconds, 2),
-        "ratio_kubectl_over_nmo": round(kubectl_seconds / nmo_seconds, 2),
-        "nmo_requests": nmo_requests,
-        "nmo_requests_by_verb": nmo_verbs,
-        "kubectl_requests": kubectl_requests,
-        "nmo_peak_rss_mib": round(peak, 1),
-    }
-
-
-async def run_concurrent(sb: Sandbox, http: httpx.AsyncClient, count: int) -> dict[str, Any]:
-    """``count`` CRs at once, one node's only pod held by a PDB that never allows eviction.
-
-    NMO handles one CR at a time and blocks its worker 30 s per drain pass on
-    the blocked node, so the last of 50 waits about half an hour; nmo's
-    figure is the time until every other maintenance has Succeeded.
-    """
-    nodes = [f"c{count}-{i}" for i in range(count)]
-    for node in nodes:
-        await sb.create_node(node, wait=False)
-    await sb.wait_nodes_ready(nodes)
-    ns = f"bench-c{count}"
-    (await http.post("/api/v1/namespaces", json={"metadata": {"name": ns}})).raise_for_status()
-    await until(lambda: _ok(http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")), 30, "SA")
-    for node in nodes:
-        await label(http, node, {f"bench-pool-{node}": "yes"})
-        body = pool_deployment(f"app-{node}", 1, node)
-        (
-            await http.post(f"/apis/apps/v1/namespaces/{ns}/deployments", json=body)
-        ).raise_for_status()
-    blocked = nodes[0]
-    pdb = {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": "never"},
-        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": f"app-{blocked}"}}},
-    }
-    (
-        await http.post(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", json=pdb)
-    ).raise_for_status()
-
-    async def all_running() -> bool:
-        pods = (await http.get(f"/api/v1/namespaces/{ns}/pods")).json()["items"]
-        return sum(p["status"].get("phase") == "Running" for p in pods) == count
-
-    await until(all_running, 120, f"{count} pods")
-    spare = f"c{count}-spare"
-    await sb.create_node(spare)
-    await label(http, spare, {f"bench-pool-{n}": "yes" for n in nodes})
-    started = time.monotonic()
-    for node in nodes:
-        body = {
-            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
-            "kind": "NodeMaintenance",
-            "metadata": {"name": f"bench-{node}"},
-            "spec": {"nodeName": node},
-        }
-        (await http.post(NM, json=body)).raise_for_status()
-
-    async def others_done() -> bool:
-        items = (await http.get(NM)).json()["items"]
-        mine = {i["metadata"]["name"]: (i.get("status") or {}).get("phase") for i in items}
-        return all(mine.get(f"bench-{n}") == "Succeeded" for n in nodes[1:])
-
-    await until(others_done, 600, f"{count - 1} maintenances", interval=0.2)
-    elapsed = time.monotonic() - started
-    still = (await http.get(f"{NM}/bench-{blocked}")).json().get("status", {})
-    return {
-        "concurrent_crs": count,
-        "others_succeeded_seconds": round(elapsed, 2),
-        "blocked_phase": still.get("phase"),
-        "blocked_reason": ((still.get("pendingPodsDetails") or [{}])[0]).get("reason"),
-    }
-
-
-async def _ok(coro: Any) -> bool:
-    return bool((await coro).status_code == 200)
-
-
-async def _at_least(coro: Any, n: int) -> bool:
-    return bool(await coro >= n)
-
-
-async def main(sizes: list[int], concurrent: int) -> int:
-    results = []
-    with tempfile.TemporaryDirectory(prefix="nmo-bench-") as tmp:
-        async with Sandbox(Path(tmp) / "sandbox", nodes=1) as sb, sb.client() as http:
-            (
-                await http.post(
-                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd()
-                )
-            ).raise_for_status()
-            await until(lambda: _ok(http.get(NM)), 30, "CRD served")
-            log = Path(tmp) / "nmo.log"
-            args = [
-                sys.executable, "-m", "nmo", "run", "--kubeconfig", str(sb.kubeconfig),
-                "--no-leader-elect", "--no-enable-webhook", "--bind-address", "127.0.0.1",
-                "--health-probe-port", str(free_port()), "--metrics-port", str(free_port()),
-                "--no-metrics-secure", "--log-level", "warning",
-            ]  # fmt: skip
-            with log.open("wb") as out:
-                proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
-            try:
-                await asyncio.sleep(3)
-                if proc.poll() is not None:
-                    print(log.read_text(), file=sys.stderr)
-                    return 1
-                for size in sizes:
-                    res = await run_size(sb, http, proc.pid, size)
-                    results.append(res)
-                    print(json.dumps(res), flush=True)
-                if concurrent:
-                    conc = await run_concurrent(sb, http, concurrent)
-                    print(json.dumps(conc), flush=True)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=20)
-    print(
-        "\npods  nmo(s)  kubectl drain(s)  kubectl/nmo  nmo requests  kubectl requests"
-        "  nmo peak RSS"
-    )
     for r in results:
-        print(
-            f"{r['pods']:>4}  {r['nmo_seconds']:>6}  {r['kubectl_seconds']:>16}  "
-            f"{r['ratio_kubectl_over_nmo']:>11}  {r['nmo_requests']:>12}  "
-            f"{r['kubectl_requests']:>16}  {r['nmo_peak_rss_mib']:>8} MiB"
-        )
+        if r["tool"] == "kubectl" and r.get("kubectl_runs", 1) > 1:
+            rows.append(
+                f"note: {r['scenario']} round {r.get('round', 0)}: kubectl drain needed "
+                f"{r['kubectl_runs']} runs (first error: {r['kubectl_first_error']})"
+            )
+    return "\n".join(rows)
+
+
+async def main(opts: argparse.Namespace) -> int:
+    began = time.monotonic()
+    print(f"nmo: {nmo_commit()}", flush=True)
+    results: list[dict[str, Any]] = []
+    tools: list[str] = opts.tools
+    with tempfile.TemporaryDirectory(prefix="nmo-drain-bench-") as tmp:
+        work = Path(tmp)
+        async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=60) as http:
+            await install_crd(http)
+            ctx = DrainContext(
+                sb,
+                http,
+                work,
+                [],
+                nmo_log_level=opts.nmo_log_level,
+                ceiling_parallel=opts.ceiling_parallel,
+            )
+            await make_spares(ctx, opts.spares)
+            print(f"sandbox ready after {time.monotonic() - began:.1f}s", flush=True)
+            for name in opts.scenarios:
+                scen_began = time.monotonic()
+                for rnd in range(opts.repeat):
+                    # Each round starts with the next tool, so no tool always goes first.
+                    order = tools[rnd % len(tools) :] + tools[: rnd % len(tools)]
+                    for tool in order:
+                        res = await run_drain(ctx, SCENARIOS[name], tool, tag=f"r{rnd}")
+                        results.append(res | {"round": rnd})
+                        print(json.dumps(res | {"round": rnd}), flush=True)
+                print(f"scenario {name}: {time.monotonic() - scen_began:.1f}s", flush=True)
+    print()
+    print(summary(results, opts.scenarios))
+    print(f"\n{environment_note()}")
+    print(f"drain benchmark runtime: {time.monotonic() - began:.1f}s")
     return 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[100, 1000])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--spares", type=int, default=3, help="nodes for the replacements")
+    parser.add_argument("--nmo-log-level", default="warning")
+    parser.add_argument("--ceiling-parallel", type=int, default=100, help="evictions in flight")
     parser.add_argument(
-        "--concurrent", type=int, default=50, help="CRs at once, one PDB-blocked (0: skip)"
+        "--repeat", type=int, default=1, help="rounds per scenario (tool order rotates); medians"
     )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    options = parser.parse_args()
-    sys.exit(asyncio.run(main(options.sizes, options.concurrent)))
+    sys.exit(asyncio.run(main(parser.parse_args())))

@@ -1,7 +1,8 @@
-"""Small helpers the benchmarks share: a free loopback port and a process's RSS."""
+"""Small helpers the benchmarks share: a free loopback port, a process's RSS and CPU time."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -21,3 +22,14 @@ def rss_mib(pid: int) -> float:
     except FileNotFoundError:
         pass
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used so far, in seconds (0 once it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return 0.0
+    # The command name (field 2) may contain spaces; fields after it are fixed.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

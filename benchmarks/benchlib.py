@@ -1,0 +1,763 @@
+"""The benchmarks' shared harness: nmo as a process, watches, audit windows, drain runs.
+
+Not a benchmark itself. ``drain_bench.py`` and ``scale_bench.py`` import it:
+
+* :class:`Nmo` starts ``.venv/bin/nmo run`` against a sandbox (no leader
+  election, no webhook, plain metrics), waits for ``/readyz`` (caches
+  synced) and samples its RSS (:class:`RssSampler`);
+* :class:`Mirror` is a list+watch of one resource kept in memory; any change
+  wakes :meth:`Hub.wait`, which returns the moment a predicate over one or
+  more mirrors first holds (no polling);
+* :class:`AuditWindow` counts the requests each client made between two
+  points in the apiserver's audit log, closed by a marker request so the
+  count never depends on a sleep;
+* :func:`run_drain` drains one fresh, identical node with one tool (nmo,
+  the raw ceiling of ``ceiling.py`` or ``kubectl drain``) and then cleans
+  the cluster (the tool's namespace deleted and its pods gone, the node
+  deleted), so every tool runs alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from ceiling import (
+    client_from_kubeconfig,
+    drain_ceiling_detailed,
+    evictable,
+    list_node_pods,
+    wait_node_empty,
+)
+from procstats import cpu_seconds, free_port, rss_mib
+
+import nmo
+from nmo.api import constants as c
+from nmo.api.crd import crd
+from nmo.sandbox import Sandbox
+from nmo.sandbox.manifests import deployment, pod_spec
+from nmo.sandbox.nodes import node_is_ready, node_manifest
+
+NM = f"/apis/{c.API_VERSION}/{c.PLURAL}"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{c.LEASE_NAMESPACE_DEFAULT}/leases"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+Obj = dict[str, Any]
+TOOLS = ("ceiling", "nmo", "kubectl")
+
+
+# -- small waits and cluster helpers ---------------------------------------
+
+
+async def until(
+    check: Callable[[], Awaitable[Any]], timeout: float, what: str, interval: float = 0.2
+) -> Any:
+    """Poll ``check`` until it returns something truthy (setup only, never timed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def ok(resp: Awaitable[httpx.Response], *codes: int) -> Obj:
+    """The JSON body of a response that must have one of ``codes`` (default 2xx)."""
+    r = await resp
+    if (codes and r.status_code not in codes) or (not codes and not r.is_success):
+        raise RuntimeError(f"{r.request.method} {r.request.url}: HTTP {r.status_code} {r.text}")
+    body: Obj = r.json() if r.content else {}
+    return body
+
+
+async def install_crd(http: httpx.AsyncClient) -> None:
+    await ok(http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd()))
+
+    async def served() -> bool:
+        return (await http.get(NM)).status_code == 200
+
+    await until(served, 60, "the NodeMaintenance CRD to be served")
+
+
+async def create_nodes(
+    http: httpx.AsyncClient,
+    names: Iterable[str],
+    *,
+    labels: Mapping[str, str] | None = None,
+    pods_capacity: int = 1000,
+) -> list[str]:
+    """Create kwok nodes (``pods_capacity`` pods each) and wait until all are Ready."""
+    names = list(names)
+    sem = asyncio.Semaphore(20)
+
+    async def one(name: str) -> None:
+        body = node_manifest(name, labels=labels)
+        for key in ("allocatable", "capacity"):
+            body["status"][key]["pods"] = str(pods_capacity)
+        async with sem:
+            await ok(http.post("/api/v1/nodes", json=body), 201, 409)
+
+    await asyncio.gather(*(one(n) for n in names))
+    wanted = set(names)
+
+    async def all_ready() -> bool:
+        items = (await ok(http.get("/api/v1/nodes")))["items"]
+        return wanted <= {n["metadata"]["name"] for n in items if node_is_ready(n)}
+
+    await until(
+        all_ready,
+        max(120.0, len(names) * 0.5),
+        f"{len(names)} nodes to be Ready",
+        interval=0.1 if len(names) < 50 else 0.5,
+    )
+    return names
+
+
+async def delete_nodes(http: httpx.AsyncClient, names: Iterable[str]) -> None:
+    sem = asyncio.Semaphore(20)
+
+    async def one(name: str) -> None:
+        async with sem:
+            await ok(http.delete(f"/api/v1/nodes/{name}"), 200, 202, 404)
+
+    await asyncio.gather(*(one(n) for n in names))
+
+
+async def label_node(http: httpx.AsyncClient, node: str, labels: Mapping[str, str | None]) -> None:
+    """Merge labels into a node (a ``None`` value removes the label)."""
+    await ok(
+        http.patch(f"/api/v1/nodes/{node}", json={"metadata": {"labels": labels}}, headers=MERGE)
+    )
+
+
+async def create_namespace(http: httpx.AsyncClient, ns: str) -> None:
+    await ok(http.post("/api/v1/namespaces", json={"metadata": {"name": ns}}))
+
+    async def sa() -> bool:
+        return (
+            await http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+        ).status_code == 200
+
+    await until(sa, 60, f"the default ServiceAccount of {ns}", interval=0.1)
+
+
+async def delete_namespace(http: httpx.AsyncClient, ns: str, timeout: float = 1800.0) -> None:
+    """Delete ``ns`` and wait until it is gone (so are all its pods)."""
+    await ok(http.delete(f"/api/v1/namespaces/{ns}"), 200, 202, 404)
+
+    async def gone() -> bool:
+        return (await http.get(f"/api/v1/namespaces/{ns}")).status_code == 404
+
+    await until(gone, timeout, f"namespace {ns} to be deleted", interval=0.5)
+
+
+def pool_key(node: str) -> str:
+    """The label that lets a benchmark Deployment's pods onto ``node`` (and the spares)."""
+    return f"bench-pool-{node}"
+
+
+async def create_deployment(
+    http: httpx.AsyncClient,
+    ns: str,
+    name: str,
+    replicas: int,
+    node_selector: Mapping[str, str],
+) -> None:
+    body = deployment(name, replicas, pod_spec(node_selector=dict(node_selector)))
+    await ok(http.post(f"/apis/apps/v1/namespaces/{ns}/deployments", json=body))
+
+
+async def ready_replicas(http: httpx.AsyncClient, ns: str) -> int:
+    """Sum of readyReplicas over the namespace's Deployments (a cheap pod count)."""
+    items = (await ok(http.get(f"/apis/apps/v1/namespaces/{ns}/deployments")))["items"]
+    return sum(int((d.get("status") or {}).get("readyReplicas") or 0) for d in items)
+
+
+async def wait_ready_replicas(
+    http: httpx.AsyncClient, ns: str, want: int, timeout: float = 1800.0
+) -> None:
+    async def done() -> bool:
+        return await ready_replicas(http, ns) >= want
+
+    await until(done, timeout, f"{want} ready pods in {ns}", interval=0.5)
+
+
+async def create_pdb(
+    http: httpx.AsyncClient, ns: str, name: str, app: str, budget: Mapping[str, int | str]
+) -> None:
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name},
+        "spec": {**budget, "selector": {"matchLabels": {"app": app}}},
+    }
+    await ok(http.post(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", json=body))
+
+
+async def wait_pdb_current(
+    http: httpx.AsyncClient, ns: str, name: str, healthy: int, timeout: float = 300.0
+) -> Obj:
+    """Wait until the disruption controller has computed the PDB over ``healthy`` pods."""
+
+    async def current() -> Obj | None:
+        pdb = await ok(http.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}"))
+        st = pdb.get("status") or {}
+        fresh = int(st.get("observedGeneration") or 0) >= int(pdb["metadata"]["generation"])
+        if fresh and st.get("currentHealthy") == healthy and st.get("expectedPods") == healthy:
+            return pdb
+        return None
+
+    result: Obj = await until(current, timeout, f"PDB {ns}/{name} status", interval=0.2)
+    return result
+
+
+def metrics_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``after - before`` for each of nmo's counters (rounded for printing)."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+
+
+def maintenance(name: str, node: str) -> Obj:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "reason": "benchmark"},
+    }
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile (p99 of 50 samples is the largest)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+# -- watches ----------------------------------------------------------------
+
+
+class Hub:
+    """Wakes waiters whenever any attached :class:`Mirror` changes."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+
+    async def wait(self, predicate: Callable[[], bool], timeout: float, what: str) -> float:
+        """``time.monotonic()`` at the first change after which ``predicate()`` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate():
+                return time.monotonic()
+            self._changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+
+class Mirror:
+    """list+watch of one collection; ``store`` maps ``namespace/name`` to the object."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        path: str,
+        hub: Hub,
+        params: Mapping[str, str] | None = None,
+    ) -> None:
+        self.http = http
+        self.path = path
+        self.hub = hub
+        self.params = dict(params or {})
+        self.store: dict[str, Obj] = {}
+        self.synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def key(obj: Obj) -> str:
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace")
+        return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+    async def __aenter__(self) -> Mirror:
+        self._task = asyncio.create_task(self._run(), name=f"mirror:{self.path}")
+        waiter = asyncio.create_task(self.synced.wait())
+        await asyncio.wait({self._task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():
+            waiter.cancel()
+            self._task.result()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _list(self) -> str:
+        body = await ok(self.http.get(self.path, params=self.params))
+        store = {}
+        for obj in body.get("items") or []:
+            (obj.get("metadata") or {}).pop("managedFields", None)
+            store[self.key(obj)] = obj
+        self.store = store
+        self.synced.set()
+        self.hub.notify()
+        return str(body["metadata"]["resourceVersion"])
+
+    async def _run(self) -> None:
+        rv = await self._list()
+        while True:
+            params = {
+                **self.params,
+                "watch": "1",
+                "allowWatchBookmarks": "true",
+                "resourceVersion": rv,
+                "timeoutSeconds": "300",
+            }
+            relist = False
+            try:
+                async with self.http.stream(
+                    "GET", self.path, params=params, timeout=httpx.Timeout(30.0, read=330.0)
+                ) as resp:
+                    if resp.status_code != 200:
+                        await resp.aread()
+                        relist = True
+                    else:
+                        async for line in resp.aiter_lines():
+                            if not line.strip():
+                                continue
+                            event = json.loads(line)
+                            kind, obj = event.get("type"), event.get("object") or {}
+                            if kind == "ERROR":
+                                relist = True
+                                break
+                            meta = obj.get("metadata") or {}
+                            rv = str(meta.get("resourceVersion") or rv)
+                            if kind == "BOOKMARK":
+                                continue
+                            meta.pop("managedFields", None)
+                            if kind == "DELETED":
+                                self.store.pop(self.key(obj), None)
+                            else:
+                                self.store[self.key(obj)] = obj
+                            self.hub.notify()
+            except httpx.TransportError:
+                relist = True
+                await asyncio.sleep(0.2)
+            if relist:
+                rv = await self._list()
+
+
+# -- nmo as a process -------------------------------------------------------
+
+
+def nmo_commit() -> str:
+    """The commit the benchmarked nmo was installed from (this checkout's HEAD)."""
+    here = Path(__file__).resolve().parent
+    result = subprocess.run(
+        ["git", "-C", str(here), "log", "-1", "--format=%h %s"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    dirty = subprocess.run(
+        ["git", "-C", str(here), "status", "--porcelain", "--", "../src"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    where = Path(nmo.__file__).resolve().parent
+    return f"{result.stdout.strip()}{' (src modified)' if dirty else ''} [nmo from {where}]"
+
+
+class Nmo:
+    """``nmo run`` against the sandbox: start, wait for caches, sample RSS, stop."""
+
+    def __init__(self, sb: Sandbox, log_file: Path, *, log_level: str = "warning") -> None:
+        self.sb = sb
+        self.log_file = log_file
+        self.log_level = log_level
+        self.probe_port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_after = 0.0
+        self.startup_peak_rss = 0.0
+        self.startup_cpu = 0.0
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rss(self) -> float:
+        return rss_mib(self.pid)
+
+    def argv(self) -> list[str]:
+        script = Path(sys.executable).with_name("nmo")
+        head = [str(script)] if script.exists() else [sys.executable, "-m", "nmo"]
+        return [
+            *head, "run", "--kubeconfig", str(self.sb.kubeconfig),
+            "--no-leader-elect", "--no-enable-webhook", "--bind-address", "127.0.0.1",
+            "--health-probe-port", str(self.probe_port), "--metrics-port", str(self.metrics_port),
+            "--no-metrics-secure", "--log-level", self.log_level,
+        ]  # fmt: skip
+
+    async def start(self, timeout: float = 600.0) -> float:
+        """Start nmo and wait until ``/readyz`` says its caches are synced; returns seconds."""
+        started = time.monotonic()
+        with self.log_file.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+        async with httpx.AsyncClient(timeout=2.0) as probe:
+
+            async def ready() -> bool:
+                assert self.proc is not None
+                self.startup_peak_rss = max(self.startup_peak_rss, rss_mib(self.proc.pid))
+                if self.proc.poll() is not None:
+                    tail = self.log_file.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"nmo exited with {self.proc.returncode}:\n{tail}")
+                try:
+                    resp = await probe.get(f"http://127.0.0.1:{self.probe_port}/readyz")
+                except httpx.TransportError:
+                    return False
+                return resp.status_code == 200
+
+            await until(ready, timeout, "nmo to be ready (caches synced)", interval=0.05)
+        self.ready_after = time.monotonic() - started
+        self.startup_cpu = cpu_seconds(self.pid)
+        return self.ready_after
+
+    async def metrics(self) -> dict[str, float]:
+        """nmo's own counters: reconcile passes and time, evictions by outcome."""
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            text = (await client.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            if name.startswith("nmo_reconcile_total"):
+                out["reconciles"] = out.get("reconciles", 0.0) + float(value)
+            elif name == "nmo_reconcile_duration_seconds_sum":
+                out["reconcile_s"] = float(value)
+            elif name.startswith("nmo_evictions_total{"):
+                outcome = name.split('outcome="', 1)[1].split('"', 1)[0]
+                out[f"evictions_{outcome}"] = float(value)
+        return out
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, 10)
+
+    async def __aenter__(self) -> Nmo:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+
+class RssSampler:
+    """Samples a process's RSS every ``interval`` seconds while in use; keeps the peak.
+
+    Also records the CPU time the process used inside the block (``cpu``).
+    """
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak = rss_mib(pid)
+        self.last = self.peak
+        self.cpu = 0.0
+        self._cpu0 = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.last = rss_mib(self.pid)
+            self.peak = max(self.peak, self.last)
+            await asyncio.sleep(self.interval)
+
+    async def __aenter__(self) -> RssSampler:
+        self._cpu0 = cpu_seconds(self.pid)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.last = rss_mib(self.pid)
+        self.peak = max(self.peak, self.last)
+        self.cpu = cpu_seconds(self.pid) - self._cpu0
+
+
+# -- audit log ----------------------------------------------------------------
+
+
+@dataclass
+class AuditWindow:
+    """Requests in the audit log between :meth:`open` and :meth:`close`, by user agent."""
+
+    path: Path
+    start: int = 0
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (userAgent, verb[/sub])
+
+    @classmethod
+    def open(cls, sb: Sandbox) -> AuditWindow:
+        return cls(sb.audit_log, sb.audit_log.stat().st_size)
+
+    async def close(self, http: httpx.AsyncClient, timeout: float = 60.0) -> AuditWindow:
+        """Send a marker request and read the log up to it (so nothing is still unwritten)."""
+        marker = f"bench-marker/{uuid.uuid4()}"
+        await http.get("/api/v1/namespaces/default", headers={"User-Agent": marker})
+        deadline = time.monotonic() + timeout
+        pos, tail = self.start, b""
+        with self.path.open("rb") as f:
+            while True:
+                f.seek(pos)
+                chunk = f.read()
+                pos += len(chunk)
+                *complete, tail_new = (tail + chunk).split(b"\n")
+                tail = tail_new
+                for raw in complete:
+                    try:
+                        ev = json.loads(raw)
+                    except json.JSONDecodeError:
+                        continue
+                    agent = str(ev.get("userAgent", ""))
+                    if agent == marker:
+                        return self
+                    verb = str(ev.get("verb", "?"))
+                    sub = (ev.get("objectRef") or {}).get("subresource")
+                    res = (ev.get("objectRef") or {}).get("resource")
+                    self.lines.append((agent, f"{verb} {res}/{sub}" if sub else f"{verb} {res}"))
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the audit marker never appeared in the audit log")
+                await asyncio.sleep(0.05)
+
+    def count(self, agent_prefix: str) -> tuple[int, dict[str, int]]:
+        verbs = Counter(v for agent, v in self.lines if agent.startswith(agent_prefix))
+        return sum(verbs.values()), dict(verbs.most_common())
+
+
+# -- one drain with one tool ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    pods: int
+    pdb: Mapping[str, int | str] | None = None  # PDB spec (maxUnavailable / minAvailable)
+
+
+@dataclass
+class DrainContext:
+    sb: Sandbox
+    http: httpx.AsyncClient
+    work: Path
+    spares: list[str]
+    nmo_log_level: str = "warning"
+    timeout: float = 1800.0
+    ceiling_parallel: int = 100
+
+
+async def make_spares(ctx: DrainContext, count: int, capacity: int = 1000) -> None:
+    """Nodes that receive the drained pods' replacements (labelled per run)."""
+    names = [f"spare-{i}" for i in range(count)]
+    await create_nodes(ctx.http, names, labels={"bench-spare": "yes"}, pods_capacity=capacity)
+    ctx.spares.extend(names)
+
+
+async def prepare_workload(
+    ctx: DrainContext, ns: str, nodes: list[str], pods: int, pdb: Mapping[str, int | str] | None
+) -> None:
+    """``pods`` Deployment pods on each node (pool-labelled), Ready; PDB (first node) current."""
+    http = ctx.http
+    for spare in ctx.spares:  # nothing may start on a spare
+        await label_node(http, spare, {pool_key(n): None for n in nodes})
+    for node in nodes:
+        await label_node(http, node, {pool_key(node): "yes"})
+    await create_namespace(http, ns)
+    for node in nodes:
+        await create_deployment(http, ns, f"app-{node}", pods, {pool_key(node): "yes"})
+    if pdb is not None:
+        await create_pdb(http, ns, "bench", f"app-{nodes[0]}", pdb)
+    await wait_ready_replicas(http, ns, pods * len(nodes), timeout=ctx.timeout)
+    if pdb is not None:
+        await wait_pdb_current(http, ns, "bench", pods)
+    # Replacements may now go to the spares, and only there (the nodes get cordoned).
+    for spare in ctx.spares:
+        await label_node(http, spare, {pool_key(n): "yes" for n in nodes})
+
+
+async def run_drain(ctx: DrainContext, scenario: Scenario, tool: str, tag: str = "") -> Obj:
+    """Drain a fresh node holding ``scenario.pods`` pods with ``tool``; then clean up."""
+    http = ctx.http
+    node = f"{scenario.name}-{tool}{'-' + tag if tag else ''}"
+    ns = f"bench-{node}"
+    await create_nodes(http, [node])
+    await prepare_workload(ctx, ns, [node], scenario.pods, scenario.pdb)
+    result: Obj = {"scenario": scenario.name, "pods": scenario.pods, "tool": tool}
+    try:
+        if tool == "nmo":
+            result |= await _drain_nmo(ctx, node)
+        elif tool == "ceiling":
+            result |= await _drain_ceiling(ctx, node)
+        elif tool == "kubectl":
+            result |= await _drain_kubectl(ctx, node)
+        else:
+            raise ValueError(f"unknown tool {tool!r}")
+    finally:
+        cleanup = time.monotonic()
+        await delete_namespace(http, ns, timeout=ctx.timeout)
+        await delete_nodes(http, [node])
+        result["cleanup_s"] = round(time.monotonic() - cleanup, 1)
+    return result
+
+
+async def _observe_empty(http: httpx.AsyncClient, node: str, timeout: float) -> asyncio.Task[float]:
+    pods, rv = await _list(http, node)
+    return asyncio.create_task(
+        wait_node_empty(http, node, present=pods, resource_version=rv, timeout=timeout)
+    )
+
+
+async def _list(http: httpx.AsyncClient, node: str) -> tuple[set[str], str]:
+    pods, rv = await list_node_pods(http, node)
+    return {str(p["metadata"]["uid"]) for p in pods if evictable(p)}, rv
+
+
+async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
+    http = ctx.http
+    name = f"bench-{node}"
+    nmo = Nmo(ctx.sb, ctx.work / f"nmo-{node}.log", log_level=ctx.nmo_log_level)
+    hub = Hub()
+    await nmo.start()
+    try:
+        idle = nmo.rss()
+        async with Mirror(http, NM, hub, {"fieldSelector": f"metadata.name={name}"}) as crs:
+
+            def succeeded() -> bool:
+                obj = crs.store.get(name) or {}
+                return (obj.get("status") or {}).get("phase") == "Succeeded"
+
+            empty = await _observe_empty(http, node, ctx.timeout)
+            window = AuditWindow.open(ctx.sb)
+            counters = await nmo.metrics()
+            try:
+                async with RssSampler(nmo.pid) as rss:
+                    started = time.monotonic()
+                    await ok(http.post(NM, json=maintenance(name, node)))
+                    done = await hub.wait(succeeded, ctx.timeout, f"{name} to succeed")
+                    emptied = await empty
+            finally:
+                empty.cancel()
+            counters = metrics_delta(counters, await nmo.metrics())
+            await window.close(http)
+            requests, verbs = window.count("nmo/")
+            await ok(http.delete(f"{NM}/{name}"), 200, 202, 404)
+            await hub.wait(lambda: name not in crs.store, 120, f"{name} to be removed")
+    finally:
+        await nmo.stop()
+    return {
+        "seconds": round(done - started, 2),
+        "node_empty_s": round(emptied - started, 2),
+        "requests": requests,
+        "requests_by_verb": verbs,
+        "nmo_ready_s": round(nmo.ready_after, 2),
+        "nmo_idle_rss_mib": round(idle, 1),
+        "nmo_peak_rss_mib": round(rss.peak, 1),
+        "nmo_cpu_s": round(rss.cpu, 2),
+        "nmo_reconciles": int(counters.get("reconciles", 0)),
+        "nmo_metrics": counters,
+    }
+
+
+async def _drain_ceiling(ctx: DrainContext, node: str) -> Obj:
+    window = AuditWindow.open(ctx.sb)
+    async with client_from_kubeconfig(ctx.sb.kubeconfig) as client:
+        res = await drain_ceiling_detailed(
+            client, node, parallel=ctx.ceiling_parallel, timeout=ctx.timeout
+        )
+    await window.close(ctx.http)
+    requests, verbs = window.count("raw-ceiling/")
+    return {
+        "seconds": round(res.seconds, 2),
+        "node_empty_s": round(res.seconds, 2),
+        "evictions_done_after_s": round(res.evictions_done_after, 2),
+        "eviction_answers": {str(k): v for k, v in sorted(res.answers.items())},
+        "requests": requests,
+        "requests_by_verb": verbs,
+    }
+
+
+async def _drain_kubectl(ctx: DrainContext, node: str, attempts: int = 50) -> Obj:
+    """``kubectl drain``, run again while it fails, as a user's retry loop would.
+
+    kubectl retries only 429 on its own: a 409 (the PDB's status changed
+    under a concurrent eviction) makes it give up on that pod and exit 1
+    after the others are done.
+    """
+    empty = await _observe_empty(ctx.http, node, ctx.timeout)
+    window = AuditWindow.open(ctx.sb)
+    started = time.monotonic()
+    failures: list[str] = []
+    try:
+        for _ in range(attempts):
+            result = await ctx.sb.kubectl(
+                "drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                f"--timeout={int(ctx.timeout)}s", timeout=ctx.timeout + 60,
+            )  # fmt: skip
+            if result.returncode == 0:
+                break
+            failures.append(result.stderr.strip().splitlines()[-1][:300] if result.stderr else "")
+        else:
+            raise RuntimeError(f"kubectl drain failed {attempts} times: {failures[-1]}")
+        seconds = time.monotonic() - started
+        emptied = await empty
+    finally:
+        empty.cancel()
+    await window.close(ctx.http)
+    requests, verbs = window.count("kubectl")
+    return {
+        "seconds": round(seconds, 2),
+        "node_empty_s": round(emptied - started, 2),
+        "kubectl_runs": len(failures) + 1,
+        "kubectl_first_error": failures[0] if failures else None,
+        "requests": requests,
+        "requests_by_verb": verbs,
+    }
+
+
+def environment_note() -> str:
+    load = os.getloadavg()
+    return (
+        f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+        "(the sandbox, nmo and the load generator share these cores; other work may run)"
+    )

@@ -1,0 +1,555 @@
+"""Scale benchmark: nmo's memory, reaction latency and drain speed in a big cluster.
+
+One sandbox, grown step by step (``--parts``, default all four):
+
+(a) idle RSS. ``--pods`` (default 0 5000 10000 20000) Running pods spread
+    over ``--bulk-nodes`` (20) kwok nodes, made by Deployments of up to
+    ``--replicas-per-deployment`` (1000) replicas and waited for until
+    Ready; then, with the pods gone, ``--nodes`` (100 500) nodes in total.
+    At each step a fresh ``nmo run`` is started, ``/readyz`` (caches
+    synced) awaited, and after ``--settle`` (10) s its RSS is read. Printed:
+    MiB per step and the delta vs the first (empty) step, plus the time to
+    ready, the startup peak and the CPU time used starting and settling.
+(b) reaction latency, at the ``--workload-pods`` step (default 10000): for
+    each of ``--latency-crs`` (50) empty nodes, ONE AT A TIME, create a
+    NodeMaintenance and time create -> everything in place (phase Running
+    or later, finalizer ``foregroundDeleteNodeMaintenance``, lease
+    ``medik8s-leases/node-<node>`` held by ``node-maintenance``, taints
+    ``node.kubernetes.io/unschedulable:NoSchedule`` and
+    ``medik8s.io/drain:NoSchedule``, ``spec.unschedulable``), then delete it
+    and time delete -> node uncordoned (no maintenance taints) and lease
+    gone. Observed by watches on the CRs, leases and nodes (no polling).
+    p50/p99 (nearest rank), plus the p50 of each milestone.
+(c) at the same step: ``--drain-pods`` (500) pods on one node, nmo vs the
+    raw ceiling (``ceiling.py``), each alone, cluster cleaned in between.
+(d) at the same step: ``--concurrent-nodes`` (50) NodeMaintenances created
+    at once on nodes with ``--concurrent-pods`` (100) pods each, one node's
+    pods behind a PDB with ``minAvailable`` = replicas (never allows an
+    eviction): time until the other 49 are Succeeded; then the same 49
+    nodes refilled and drained concurrently by the ceiling (one client, 100
+    connections shared by all nodes); ratio nmo/ceiling.
+
+Quick run: ``.venv/bin/python benchmarks/scale_bench.py --pods 0 2000
+--workload-pods 2000 --nodes 100 --latency-crs 10``. Full run: ``make
+bench-scale`` (20,000 pods: creating them takes several minutes on 2 cores).
+The whole control plane, nmo and the benchmark share the machine's cores:
+figures are noisy, compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from benchlib import (
+    LEASES,
+    NM,
+    AuditWindow,
+    DrainContext,
+    Hub,
+    Mirror,
+    Nmo,
+    RssSampler,
+    Scenario,
+    create_deployment,
+    create_namespace,
+    create_nodes,
+    delete_namespace,
+    delete_nodes,
+    environment_note,
+    install_crd,
+    maintenance,
+    make_spares,
+    metrics_delta,
+    nmo_commit,
+    ok,
+    prepare_workload,
+    quantile,
+    ready_replicas,
+    run_drain,
+    until,
+)
+from ceiling import (
+    client_from_kubeconfig,
+    drain_ceiling_detailed,
+    evictable,
+    list_node_pods,
+    wait_node_empty,
+)
+
+from nmo.api import constants as c
+from nmo.sandbox import Sandbox
+
+BULK_NS = "bulk"
+BULK_LABEL = "bench-bulk"
+Obj = dict[str, Any]
+
+
+@dataclass
+class Bench:
+    sb: Sandbox
+    http: httpx.AsyncClient
+    work: Path
+    opts: argparse.Namespace
+    out: dict[str, Any]
+
+    def ctx(self) -> DrainContext:
+        return DrainContext(self.sb, self.http, self.work, [], timeout=1800.0)
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+# -- the background pods ------------------------------------------------------
+
+
+async def scale_bulk(b: Bench, pods: int) -> float:
+    """Make the bulk namespace hold ``pods`` Ready pods; returns seconds taken."""
+    http, per = b.http, b.opts.replicas_per_deployment
+    started = time.monotonic()
+    if pods == 0:
+        if (await http.get(f"/api/v1/namespaces/{BULK_NS}")).status_code == 200:
+            await delete_namespace(http, BULK_NS, timeout=7200)
+        return time.monotonic() - started
+    if (await http.get(f"/api/v1/namespaces/{BULK_NS}")).status_code == 404:
+        await create_namespace(http, BULK_NS)
+    items = (await ok(http.get(f"/apis/apps/v1/namespaces/{BULK_NS}/deployments")))["items"]
+    have = {d["metadata"]["name"]: int(d["spec"]["replicas"]) for d in items}
+    count = math.ceil(pods / per)
+    for i in range(count):
+        name, want = f"bulk-{i}", min(per, pods - i * per)
+        if name not in have:
+            await create_deployment(http, BULK_NS, name, want, {BULK_LABEL: "yes"})
+        elif have[name] != want:
+            await ok(
+                http.patch(
+                    f"/apis/apps/v1/namespaces/{BULK_NS}/deployments/{name}/scale",
+                    json={"spec": {"replicas": want}},
+                    headers={"Content-Type": "application/merge-patch+json"},
+                )
+            )
+    for name in have:
+        if int(name.split("-")[1]) >= count:
+            await ok(http.delete(f"/apis/apps/v1/namespaces/{BULK_NS}/deployments/{name}"))
+    last_report = started
+
+    async def ready() -> bool:
+        nonlocal last_report
+        n = await ready_replicas(http, BULK_NS)
+        if time.monotonic() - last_report > 30:
+            last_report = time.monotonic()
+            rate = n / (last_report - started)
+            print(f"  ... {n}/{pods} pods Ready ({rate:.0f}/s overall)", flush=True)
+        return n == pods
+
+    await until(ready, 7200, f"{pods} bulk pods Ready", interval=1.0)
+    return time.monotonic() - started
+
+
+async def node_count(http: httpx.AsyncClient) -> int:
+    return len((await ok(http.get("/api/v1/nodes")))["items"])
+
+
+# -- (a) idle RSS ---------------------------------------------------------------
+
+
+async def idle_rss(b: Bench, label: str, pods: int) -> dict[str, Any]:
+    nmo = Nmo(b.sb, b.work / f"nmo-idle-{label}.log")
+    await nmo.start(timeout=1200)
+    try:
+        async with RssSampler(nmo.pid, interval=0.2) as rss:
+            # Part of the definition of "idle": 10 s after the caches synced.
+            await asyncio.sleep(b.opts.settle)
+        record = {
+            "part": "a",
+            "step": label,
+            "nodes": await node_count(b.http),
+            "pods": pods,
+            "ready_s": round(nmo.ready_after, 2),
+            "startup_peak_rss_mib": round(nmo.startup_peak_rss, 1),
+            "startup_cpu_s": round(nmo.startup_cpu, 2),
+            "settle_cpu_s": round(rss.cpu, 2),
+            "settle_peak_rss_mib": round(rss.peak, 1),
+            "idle_rss_mib": round(rss.last, 1),
+        }
+    finally:
+        await nmo.stop()
+    emit(record)
+    return record
+
+
+# -- (b) latency ----------------------------------------------------------------
+
+
+def _taints(node: Obj) -> set[tuple[str, str]]:
+    return {
+        (str(t.get("key")), str(t.get("effect")))
+        for t in (node.get("spec") or {}).get("taints") or []
+    }
+
+
+MAINT_TAINTS = {(k, c.TAINT_EFFECT) for k in c.MAINTENANCE_TAINT_KEYS}
+
+
+async def latency(b: Bench) -> dict[str, Any]:
+    http, n = b.http, b.opts.latency_crs
+    nodes = [f"lat-{i}" for i in range(n)]
+    await create_nodes(http, nodes, labels={"bench-latency": "yes"})
+    hub = Hub()
+    lease_ns = c.LEASE_NAMESPACE_DEFAULT
+    enter: list[float] = []
+    leave: list[float] = []
+    milestones: dict[str, list[float]] = {}
+    nmo = Nmo(b.sb, b.work / "nmo-latency.log")
+    await nmo.start(timeout=1200)
+    try:
+        async with (
+            Mirror(http, NM, hub) as crs,
+            Mirror(http, LEASES, hub) as leases,
+            Mirror(http, "/api/v1/nodes", hub, {"labelSelector": "bench-latency=yes"}) as nodes_m,
+        ):
+            for node in nodes:
+                name = f"lat-{node}"
+                lease_key = f"{lease_ns}/{c.lease_name(node)}"
+
+                def checks(
+                    name: str = name, node: str = node, key: str = lease_key
+                ) -> dict[str, bool]:
+                    cr = crs.store.get(name) or {}
+                    meta, st = cr.get("metadata") or {}, cr.get("status") or {}
+                    lease = leases.store.get(key) or {}
+                    obj = nodes_m.store.get(node) or {}
+                    return {
+                        "finalizer": c.FINALIZER in (meta.get("finalizers") or []),
+                        "running": st.get("phase") in ("Running", "Succeeded"),
+                        "lease": (lease.get("spec") or {}).get("holderIdentity") == c.LEASE_HOLDER,
+                        "taints": _taints(obj) >= MAINT_TAINTS,
+                        "unschedulable": bool((obj.get("spec") or {}).get("unschedulable")),
+                    }
+
+                seen: dict[str, float] = {}
+                started = time.monotonic()
+
+                def in_place(checks: Any = checks, seen: dict[str, float] = seen) -> bool:
+                    now = time.monotonic()
+                    for what, held in checks().items():
+                        if held:
+                            seen.setdefault(what, now)
+                    return len(seen) == 5
+
+                await ok(http.post(NM, json=maintenance(name, node)))
+                done = await hub.wait(in_place, 120, f"maintenance {name} in place")
+                enter.append(done - started)
+                for what, at in seen.items():
+                    milestones.setdefault(what, []).append(at - started)
+
+                def restored(node: str = node, key: str = lease_key) -> bool:
+                    obj = nodes_m.store.get(node) or {}
+                    return (
+                        key not in leases.store
+                        and not (obj.get("spec") or {}).get("unschedulable")
+                        and not (MAINT_TAINTS & _taints(obj))
+                    )
+
+                started = time.monotonic()
+                await ok(http.delete(f"{NM}/{name}"))
+                done = await hub.wait(restored, 120, f"node {node} restored")
+                leave.append(done - started)
+
+                def gone(name: str = name) -> bool:
+                    return name not in crs.store
+
+                await hub.wait(gone, 120, f"{name} gone")
+    finally:
+        await nmo.stop()
+        await delete_nodes(http, nodes)
+
+    def stats(values: list[float]) -> dict[str, float]:
+        return {
+            "p50_ms": round(quantile(values, 0.5) * 1000, 1),
+            "p99_ms": round(quantile(values, 0.99) * 1000, 1),
+            "max_ms": round(max(values) * 1000, 1),
+            "mean_ms": round(statistics.fmean(values) * 1000, 1),
+        }
+
+    record = {
+        "part": "b",
+        "crs": n,
+        "mode": "sequential (one CR at a time, the next created once the previous is gone)",
+        "create_to_in_place": stats(enter),
+        "delete_to_restored": stats(leave),
+        "milestone_p50_ms": {
+            k: round(quantile(v, 0.5) * 1000, 1) for k, v in sorted(milestones.items())
+        },
+    }
+    emit(record)
+    return record
+
+
+# -- (c) one big drain in a big cluster --------------------------------------------
+
+
+async def big_drain(b: Bench) -> dict[str, Any]:
+    ctx = b.ctx()
+    await make_spares(ctx, 2, capacity=1000)
+    scenario = Scenario(f"c{b.opts.drain_pods}", b.opts.drain_pods)
+    results: dict[str, Any] = {}
+    try:
+        for tool in b.opts.drain_tools:
+            res = await run_drain(ctx, scenario, tool)
+            emit({"part": "c", **res})
+            results[tool] = res
+    finally:
+        await delete_nodes(b.http, ctx.spares)
+    record: dict[str, Any] = {"part": "c", "pods": b.opts.drain_pods}
+    for tool, res in results.items():
+        record[f"{tool}_s"] = res["seconds"]
+    if "nmo" in results:
+        record["nmo_node_empty_s"] = results["nmo"]["node_empty_s"]
+        record["nmo_requests"] = results["nmo"]["requests"]
+        record["nmo_peak_rss_mib"] = results["nmo"]["nmo_peak_rss_mib"]
+        record["nmo_cpu_s"] = results["nmo"]["nmo_cpu_s"]
+    if "nmo" in results and "ceiling" in results:
+        record["nmo_over_ceiling"] = round(
+            results["nmo"]["seconds"] / results["ceiling"]["seconds"], 2
+        )
+    emit(record)
+    return record
+
+
+# -- (d) concurrent maintenances ---------------------------------------------------
+
+
+async def _empty_watchers(
+    http: httpx.AsyncClient, nodes: list[str], timeout: float
+) -> list[asyncio.Task[float]]:
+    tasks = []
+    for node in nodes:
+        pods, rv = await list_node_pods(http, node)
+        present = {str(p["metadata"]["uid"]) for p in pods if evictable(p)}
+        tasks.append(
+            asyncio.create_task(
+                wait_node_empty(http, node, present=present, resource_version=rv, timeout=timeout)
+            )
+        )
+    return tasks
+
+
+@contextlib.asynccontextmanager
+async def _cancelling(tasks: list[asyncio.Task[float]]) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def concurrent(b: Bench) -> dict[str, Any]:
+    http, count, per = b.http, b.opts.concurrent_nodes, b.opts.concurrent_pods
+    ctx = b.ctx()
+    nodes = [f"conc-{i}" for i in range(count)]
+    blocked, others = nodes[0], nodes[1:]
+    replacements = per * count
+    await make_spares(ctx, 3, capacity=max(1000, math.ceil(replacements / 3) + 100))
+    await create_nodes(http, nodes)
+    record: dict[str, Any] = {"part": "d", "nodes": count, "pods_per_node": per}
+    try:
+        # nmo: all CRs at once, one node held by a PDB that never allows an eviction.
+        ns = "bench-conc-nmo"
+        await prepare_workload(ctx, ns, nodes, per, {"minAvailable": per})
+        hub = Hub()
+        nmo = Nmo(b.sb, b.work / "nmo-concurrent.log")
+        await nmo.start(timeout=1200)
+        try:
+            async with Mirror(http, NM, hub) as crs:
+
+                def phase(node: str) -> str | None:
+                    obj = crs.store.get(f"bench-{node}") or {}
+                    return (obj.get("status") or {}).get("phase")
+
+                empties = await _empty_watchers(http, others, ctx.timeout)
+                window = AuditWindow.open(b.sb)
+                counters = await nmo.metrics()
+                async with RssSampler(nmo.pid) as rss, _cancelling(empties):
+                    started = time.monotonic()
+                    await asyncio.gather(
+                        *(ok(http.post(NM, json=maintenance(f"bench-{n}", n))) for n in nodes)
+                    )
+                    created = time.monotonic()
+                    done = await hub.wait(
+                        lambda: all(phase(n) == "Succeeded" for n in others),
+                        ctx.timeout,
+                        f"{len(others)} maintenances to succeed",
+                    )
+                    emptied = max(await asyncio.gather(*empties))
+                counters = metrics_delta(counters, await nmo.metrics())
+                await window.close(http)
+                requests, verbs = window.count("nmo/")
+                held = crs.store.get(f"bench-{blocked}") or {}
+                details = (held.get("status") or {}).get("pendingPodsDetails") or [{}]
+                record |= {
+                    "nmo_create_all_s": round(created - started, 2),
+                    "nmo_others_succeeded_s": round(done - started, 2),
+                    "nmo_others_empty_s": round(emptied - started, 2),
+                    "blocked_phase": phase(blocked),
+                    "blocked_reason": details[0].get("reason"),
+                    "nmo_requests": requests,
+                    "nmo_requests_by_verb": verbs,
+                    "nmo_peak_rss_mib": round(rss.peak, 1),
+                    "nmo_cpu_s": round(rss.cpu, 2),
+                    "nmo_metrics": counters,
+                }
+                for n in nodes:
+                    await ok(http.delete(f"{NM}/bench-{n}"), 200, 202, 404)
+                await hub.wait(
+                    lambda: not any(k.startswith("bench-conc-") for k in crs.store),
+                    300,
+                    "the maintenances to be removed",
+                )
+        finally:
+            await nmo.stop()
+        await delete_namespace(http, ns)
+
+        # The ceiling: the same 49 nodes refilled, drained concurrently over one client.
+        ns = "bench-conc-ceiling"
+        await prepare_workload(ctx, ns, others, per, None)
+        window = AuditWindow.open(b.sb)
+        async with client_from_kubeconfig(b.sb.kubeconfig) as client:
+            started = time.monotonic()
+            results = await asyncio.gather(*(drain_ceiling_detailed(client, n) for n in others))
+            ceiling_s = time.monotonic() - started
+        await window.close(http)
+        record |= {
+            "ceiling_s": round(ceiling_s, 2),
+            "ceiling_slowest_node_s": round(max(r.seconds for r in results), 2),
+            "ceiling_requests": window.count("raw-ceiling/")[0],
+            "nmo_over_ceiling": round(record["nmo_others_succeeded_s"] / ceiling_s, 2),
+        }
+        await delete_namespace(http, ns)
+    finally:
+        await delete_nodes(http, [*nodes, *ctx.spares])
+    emit(record)
+    return record
+
+
+# -- the run ----------------------------------------------------------------------
+
+
+def print_summary(out: dict[str, Any]) -> None:
+    rows = out.get("a") or []
+    if rows:
+        base = rows[0]["idle_rss_mib"]
+        print("\n(a) idle RSS of a fresh nmo (caches synced, then settled)")
+        print(
+            "step           nodes   pods  ready(s)  startup CPU(s)  startup peak    idle RSS"
+            "  delta vs first  CPU while settling(s)"
+        )
+        for r in rows:
+            print(
+                f"{r['step']:<13}  {r['nodes']:>5}  {r['pods']:>5}  {r['ready_s']:>8}  "
+                f"{r['startup_cpu_s']:>14}  {r['startup_peak_rss_mib']:>8} MiB  "
+                f"{r['idle_rss_mib']:>6} MiB  {r['idle_rss_mib'] - base:>+10.1f} MiB  "
+                f"{r['settle_cpu_s']:>21}"
+            )
+    lat = out.get("b")
+    if lat:
+        print(f"\n(b) latency over {lat['crs']} CRs, {lat['mode']}")
+        for what in ("create_to_in_place", "delete_to_restored"):
+            s = lat[what]
+            print(
+                f"{what:<20} p50 {s['p50_ms']:>7} ms  p99 {s['p99_ms']:>7} ms  "
+                f"max {s['max_ms']:>7} ms  mean {s['mean_ms']:>7} ms"
+            )
+        print("milestones (p50 after create):", lat["milestone_p50_ms"])
+    big = out.get("c")
+    if big:
+        print(f"\n(c) {big['pods']} pods on one node: {json.dumps(big)}")
+    conc = out.get("d")
+    if conc:
+        print(
+            f"\n(d) {conc['nodes']} concurrent maintenances x {conc['pods_per_node']} pods, one "
+            f"PDB-blocked: nmo {conc['nmo_others_succeeded_s']} s until the others Succeeded "
+            f"(nodes empty at {conc['nmo_others_empty_s']} s), ceiling {conc['ceiling_s']} s, "
+            f"nmo/ceiling {conc['nmo_over_ceiling']}x; blocked: {conc['blocked_phase']} "
+            f"({conc['blocked_reason']}); nmo requests {conc['nmo_requests']}, "
+            f"peak RSS {conc['nmo_peak_rss_mib']} MiB, CPU {conc['nmo_cpu_s']} s"
+        )
+
+
+async def main(opts: argparse.Namespace) -> int:
+    began = time.monotonic()
+    print(f"nmo: {nmo_commit()}", flush=True)
+    parts = set(opts.parts)
+    steps = sorted(set(opts.pods) | ({opts.workload_pods} if parts & {"b", "c", "d"} else set()))
+    if "a" not in parts:
+        steps = [opts.workload_pods]
+    out: dict[str, Any] = {"a": []}
+    with tempfile.TemporaryDirectory(prefix="nmo-scale-bench-") as tmp:
+        work = Path(tmp)
+        async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=120) as http:
+            await install_crd(http)
+            b = Bench(sb, http, work, opts, out)
+            bulk = [f"bulk-{i}" for i in range(opts.bulk_nodes)]
+            capacity = max(1000, math.ceil(max(steps) / opts.bulk_nodes * 1.1))
+            await create_nodes(http, bulk, labels={BULK_LABEL: "yes"}, pods_capacity=capacity)
+            print(f"sandbox with {len(bulk)} nodes after {time.monotonic() - began:.1f}s")
+            for pods in steps:
+                took = await scale_bulk(b, pods)
+                print(f"{pods} pods Ready ({took:.1f}s)", flush=True)
+                if "a" in parts and pods in opts.pods:
+                    out["a"].append(await idle_rss(b, f"pods={pods}", pods))
+                if pods == opts.workload_pods:
+                    for part, fn in (("b", latency), ("c", big_drain), ("d", concurrent)):
+                        if part in parts:
+                            t = time.monotonic()
+                            out[part] = await fn(b)
+                            print(f"part {part}: {time.monotonic() - t:.1f}s", flush=True)
+            if "a" in parts and opts.nodes:
+                await scale_bulk(b, 0)
+                have = await node_count(http)
+                for total in sorted(opts.nodes):
+                    if total > have:
+                        extra = [f"idle-{i}" for i in range(have, total)]
+                        t = time.monotonic()
+                        await create_nodes(http, extra)
+                        print(f"{total} nodes Ready ({time.monotonic() - t:.1f}s)", flush=True)
+                        have = total
+                    out["a"].append(await idle_rss(b, f"nodes={total}", 0))
+    print_summary(out)
+    print(f"\n{environment_note()}")
+    print(f"scale benchmark runtime: {time.monotonic() - began:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--parts", nargs="+", choices=["a", "b", "c", "d"], default=list("abcd"))
+    parser.add_argument("--pods", type=int, nargs="*", default=[0, 5000, 10000, 20000])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[100, 500])
+    parser.add_argument("--bulk-nodes", type=int, default=20)
+    parser.add_argument("--replicas-per-deployment", type=int, default=1000)
+    parser.add_argument("--workload-pods", type=int, default=10000, help="cluster size for b, c, d")
+    parser.add_argument("--settle", type=float, default=10.0)
+    parser.add_argument("--latency-crs", type=int, default=50)
+    parser.add_argument("--drain-pods", type=int, default=500)
+    parser.add_argument(
+        "--drain-tools", nargs="+", choices=["ceiling", "nmo"], default=["ceiling", "nmo"]
+    )
+    parser.add_argument("--concurrent-nodes", type=int, default=50)
+    parser.add_argument("--concurrent-pods", type=int, default=100)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(asyncio.run(main(parser.parse_args())))
