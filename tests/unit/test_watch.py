@@ -160,3 +160,64 @@ async def test_watches_that_end_at_once_do_not_hot_loop(
     await run_until(informer, enough)
     assert len(no_wait) >= 5
     assert no_wait[4] > no_wait[0]
+
+
+async def test_the_transform_applies_to_lists_and_events_and_sync_is_announced_once(
+    api_server: respx.MockRouter, kube: Kube, no_wait: list[float]
+) -> None:
+    script = Script(
+        lists=[
+            httpx.Response(
+                200,
+                json={
+                    "metadata": {"resourceVersion": "10", "continue": "more"},
+                    "items": [node("a", "5")],
+                },
+            ),
+            httpx.Response(
+                200, json={"metadata": {"resourceVersion": "10"}, "items": [node("b", "6")]}
+            ),
+            httpx.Response(200, json={"metadata": {"resourceVersion": "30"}, "items": []}),
+        ],
+        watches=[
+            httpx.Response(200, content=events(("ADDED", node("c", "11")))),
+            httpx.Response(200, content=events(("ERROR", {"code": 410, "message": "too old"}))),
+        ],
+    )
+    route = api_server.get(PATH).mock(side_effect=script)
+    synced: list[int] = []
+    informer = Informer(
+        kube,
+        PATH,
+        name="nodes",
+        params={"fieldSelector": "spec.nodeName=n1"},
+        transform=lambda o: {"metadata": {"name": o["metadata"]["name"], "slim": True}},
+        page_size=1,
+        on_synced=lambda: synced.append(len(informer.store)),
+    )
+    await run_until(informer, script.done)
+    pages = [dict(c.request.url.params) for c in route.calls if "watch" not in c.request.url.params]
+    assert [p.get("limit") for p in pages] == ["1", "1", "1"]
+    assert all(p.get("fieldSelector") == "spec.nodeName=n1" for p in pages)
+    assert synced == [2], "announced once, after the first complete LIST"
+    assert informer.store == {}, "the re-list after 410 removed everything"
+    assert informer.lists == 2
+
+
+async def test_stored_objects_are_the_transformed_ones(
+    api_server: respx.MockRouter, kube: Kube, no_wait: list[float]
+) -> None:
+    script = Script(
+        lists=[
+            httpx.Response(
+                200, json={"metadata": {"resourceVersion": "1"}, "items": [node("a", "1")]}
+            )
+        ],
+        watches=[httpx.Response(200, content=events(("ADDED", node("b", "2"))))],
+    )
+    api_server.get(PATH).mock(side_effect=script)
+    informer = Informer(
+        kube, PATH, name="nodes", transform=lambda o: {"metadata": {"name": o["metadata"]["name"]}}
+    )
+    await run_until(informer, script.done)
+    assert informer.store == {"a": {"metadata": {"name": "a"}}, "b": {"metadata": {"name": "b"}}}
