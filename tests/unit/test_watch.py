@@ -221,3 +221,16 @@ async def test_stored_objects_are_the_transformed_ones(
     )
     await run_until(informer, script.done)
     assert informer.store == {"a": {"metadata": {"name": "a"}}, "b": {"metadata": {"name": "b"}}}
+
+
+async def test_an_event_older_than_a_write_through_does_not_regress_the_store(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    informer = Informer(kube, PATH, name="nodes")
+    informer.store["a"] = node("a", "20")  # our own write, seen before the watch
+    seen: list[str] = []
+    informer.add_handler(lambda e, o, _old: seen.append(o["metadata"]["resourceVersion"]))
+    informer._apply("MODIFIED", node("a", "19"))
+    assert informer.store["a"]["metadata"]["resourceVersion"] == "20" and seen == []
+    informer._apply("MODIFIED", node("a", "21"))
+    assert informer.store["a"]["metadata"]["resourceVersion"] == "21" and seen == ["21"]

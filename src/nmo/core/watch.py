@@ -53,6 +53,14 @@ def _slim(obj: Obj) -> Obj:
     return obj
 
 
+def _older(new: Obj, old: Obj) -> bool:
+    """Whether ``new`` is an older version than ``old`` (etcd's numeric RVs)."""
+    try:
+        return int(new["metadata"]["resourceVersion"]) < int(old["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False  # not comparable: trust the event
+
+
 class Informer:
     """Keeps ``store`` equal to the server's view of one resource."""
 
@@ -125,6 +133,8 @@ class Informer:
         if event == "DELETED":
             self.store.pop(key, None)
             self._index_put(key, old, None)
+        elif event == "MODIFIED" and old is not None and _older(obj, old):
+            return  # the store already holds our own later write (write-through)
         else:
             self.store[key] = obj
             self._index_put(key, old, obj)
