@@ -11,8 +11,8 @@ and their answers (or a pod event seen by the node's pod watch) wake the
 next pass.
 
 Order matters and is fixed here: entering, the finalizer is written first,
-then the lease, the node (label, taints, cordon), the status, and only then
-do evictions start; leaving, the node is
+then the lease, then the node (label, taints, cordon); only then do
+evictions start (the status is written while they run); leaving, the node is
 restored and the lease released before the finalizer goes, so a failure
 half-way leaves the CR (and its finalizer) in place to retry.
 """
@@ -214,11 +214,12 @@ class Reconciler:
                 obs.nm.spec.node_name,
                 extra=_ctx(obs.nm),
             )
-        raw = await self._write_status(raw, plan, record)
         for key in plan.drop:
             record.drain.pop(key, None)
-        if plan.evict:
+        if plan.evict and not record.forgotten:
+            # The node is cordoned: evictions run while the status is written.
             self.evictor.start(record, plan.evict)
+        raw = await self._write_status(raw, plan, record)
         await self._finish(raw, obs, plan, record)
         return plan.result
 
