@@ -11,7 +11,7 @@ import pytest
 import respx
 
 from nmo.core.errors import AlreadyExists, Conflict, Forbidden, NotFound, TooManyRequests, Transient
-from nmo.core.kube import Kube, RetryPolicy, api_path, parse_retry_after
+from nmo.core.kube import Kube, RetryPolicy, _widen_pool, api_path, parse_retry_after
 
 NODE = "/api/v1/nodes/n1"
 
@@ -142,3 +142,18 @@ async def test_malformed_error_body_still_maps(api_server: respx.MockRouter, kub
     api_server.get(NODE).respond(404, text="<html>not json</html>")
     with pytest.raises(NotFound, match="not json"):
         await kube.get(NODE)
+
+
+async def test_the_pool_fits_the_watches_and_keeps_a_connection_per_request_slot(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    api = kube._api
+    await kube.get("/version")  # kr8s creates its client lazily
+    limits = httpx.Limits(max_connections=640, max_keepalive_connections=128)
+    await _widen_pool(api, limits)
+    pool = api._session._transport._pool
+    assert (pool._max_connections, pool._max_keepalive_connections) == (640, 128)
+    # kr8s rebuilds its client after a 401/403: the rebuilt one is widened too
+    await api._create_session()
+    pool = api._session._transport._pool
+    assert (pool._max_connections, pool._max_keepalive_connections) == (640, 128)

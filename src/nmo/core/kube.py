@@ -92,9 +92,11 @@ async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
     """Give kr8s's shared httpx client a pool that fits nmo's watches.
 
     kr8s 0.20 builds its client with httpx's default pool (100 connections,
-    no pool timeout), so 100 open watches would starve every request. nmo
-    watches the pods of each node under maintenance, so the pool is sized
-    for bounded requests plus :data:`MAX_STREAMS`. kr8s rebuilds the client
+    20 kept alive, no pool timeout), so 100 open watches would starve every
+    request and a burst of evictions would keep reconnecting. nmo watches the
+    pods of each node under maintenance, so the pool is sized for bounded
+    requests plus :data:`MAX_STREAMS`, and keeps a connection per request
+    slot alive. kr8s rebuilds the client
     after a 401/403, so its builder is wrapped, not just the current client.
     """
     build = getattr(api, "_create_session", None)
@@ -176,7 +178,14 @@ class Kube:
         except kr8s.ServerError as exc:
             code = exc.response.status_code if exc.response is not None else 0
             raise error_for_status(code, {"message": str(exc)}) from exc
-        await _widen_pool(api, httpx.Limits(max_connections=max_in_flight + MAX_STREAMS))
+        limits = httpx.Limits(
+            max_connections=max_in_flight + MAX_STREAMS,
+            # httpx keeps 20 idle connections by default: a burst of 100
+            # evictions would then open (and TLS-handshake) most of its
+            # connections anew every time.
+            max_keepalive_connections=max_in_flight,
+        )
+        await _widen_pool(api, limits)
         return cls(api, timeout=timeout, max_in_flight=max_in_flight)
 
     @property
