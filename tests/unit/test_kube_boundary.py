@@ -148,7 +148,7 @@ async def test_the_pool_fits_the_watches_and_keeps_a_connection_per_request_slot
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
     api = kube._api
-    await kube.get("/version")  # kr8s creates its client lazily
+    await api._create_session()  # what kr8s does on first use
     limits = httpx.Limits(max_connections=640, max_keepalive_connections=128)
     await _widen_pool(api, limits)
     pool = api._session._transport._pool
