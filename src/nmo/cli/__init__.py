@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("NMO_MAX_CONCURRENT_RECONCILES", 10),
     )
     eng.add_argument(
-        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 100)
+        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 50)
     )
     eng.add_argument(
         "--lease-namespace",
