@@ -94,16 +94,6 @@ class Reconciler:
         if raw is None:
             self.memories.forget(name)
             return DONE
-        record = self.memories.get(name)
-        if record is not None and record.renewal_error is not None:
-            # A renewal failed (the lease may have been released with its CR):
-            # before the lease is requested again, make sure the CR still
-            # exists; the cache may be behind a watch gap.
-            try:
-                raw = self._remember(await self.kube.get(nm_path(name)))
-            except NotFound:
-                self.memories.forget(name)
-                return DONE
         nm = NodeMaintenance.from_api(raw)
         record = self.memories.recall(name, nm.spec.node_name)
         observed = await self.observe(nm, record)
@@ -175,6 +165,8 @@ class Reconciler:
         if plan.work is Work.RUN:
             self.watch_pods(record)
         if plan.lease in (LeaseStep.REQUEST, LeaseStep.FORCE) and obs.node is not None:
+            if not record.lease_held and not await self._confirmed(obs.nm):
+                return DONE
             try:
                 await self.leases.request(obs.node, obs.now, force=plan.lease is LeaseStep.FORCE)
             except (LeaseHeldError, KubeError) as exc:
@@ -270,6 +262,32 @@ class Reconciler:
             self.memories.forget(nm.metadata.name)
 
     # -- writes ------------------------------------------------------------
+    async def _confirmed(self, nm: NodeMaintenance) -> bool:
+        """Does the CR still exist, read from the apiserver rather than the cache?
+
+        A lease this process does not hold is only taken for a CR confirmed
+        by a live read. The cache may be behind a watch gap (the CR and its
+        lease deleted while the watch was down, a renewal that found its
+        lease gone, a new leader with a stale cache): taking the lease then
+        would re-create a lease released with its CR, and nothing would
+        ever release it again. One GET per acquisition.
+        """
+        name = nm.metadata.name
+        try:
+            live = await self.kube.get(nm_path(name))
+        except NotFound:
+            live = None
+        if live is None or live["metadata"].get("uid") != nm.metadata.uid:
+            log.info(
+                "maintenance %s: gone from the apiserver, not in the cache yet; lease not taken",
+                name,
+                extra={"maintenance": name},
+            )
+            self.memories.forget(name)
+            return False
+        self._remember(live)
+        return True
+
     def _remember(self, obj: Obj) -> Obj:
         """Write-through: the cache sees our own writes before the watch does."""
         key = str(obj["metadata"]["name"])
