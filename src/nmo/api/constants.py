@@ -45,6 +45,9 @@ EVENT_SUCCEEDED: Final = ("SucceedMaintenance", "Node maintenance was succeeded"
 EVENT_UNCORDON: Final = ("UncordonNode", "Uncordon a node")
 EVENT_REMOVED: Final = ("RemovedMaintenance", "Removed a node maintenance")
 EVENT_COMPONENT: Final = "NodeMaintenance"
+# nmo additions (issue 12): reasons only, the messages name the deadline or pod.
+EVENT_DRAIN_TIMED_OUT: Final = "DrainTimedOut"
+EVENT_POD_FORCE_DELETED: Final = "PodForceDeleted"
 
 # Webhook.
 WEBHOOK_NAME: Final = "vnodemaintenance.kb.io"
@@ -58,6 +61,15 @@ OPENSHIFT_CONFIG_GROUP_VERSION: Final = "config.openshift.io/v1"
 
 # Drain (kubectl drain's wording).
 MIRROR_POD_ANNOTATION: Final = "kubernetes.io/config.mirror"
+# Drain rules and order, set on pods by their owners (nmo additions, issue 12).
+DRAIN_RULE_LABEL: Final = "nodemaintenance.medik8s.io/drain"
+DRAIN_RULE_SKIP: Final = "skip"
+DRAIN_RULE_WAIT_COMPLETED: Final = "wait-completed"
+DRAIN_ORDER_ANNOTATION: Final = "nodemaintenance.medik8s.io/drain-order"
+CRITICAL_PRIORITY_CLASSES: Final = ("system-cluster-critical", "system-node-critical")
+DEFAULT_GRACE_SECONDS: Final = 30  # a pod's terminationGracePeriodSeconds when unset
+# The status condition nmo maintains (Kubernetes condition type).
+CONDITION_DRAINED: Final = "Drained"
 
 # Install names the troubleshooting guide uses.
 OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"

@@ -30,7 +30,10 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "description" in schema:
         out["description"] = schema["description"]
     kind = schema.get("type")
-    if kind == "object" or "properties" in schema:
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        out["type"] = "object"  # a map (e.g. matchLabels): keys are kept, not pruned
+        out["additionalProperties"] = _resolve(schema["additionalProperties"], defs)
+    elif kind == "object" or "properties" in schema:
         out["type"] = "object"
         props = schema.get("properties", {})
         out["properties"] = {name: _resolve(sub, defs) for name, sub in props.items()}
@@ -47,8 +50,9 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["format"] = "date-time"
     elif kind in {"string", "integer", "boolean", "number"}:
         out["type"] = kind
-        if "minLength" in schema:
-            out["minLength"] = schema["minLength"]
+        for bound in ("minLength", "minimum", "maximum"):
+            if bound in schema:
+                out[bound] = schema[bound]
     elif "enum" in schema:
         out["type"] = "string"
         out["enum"] = list(schema["enum"])
@@ -63,6 +67,9 @@ def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = _resolve(raw, raw.get("$defs", {}))
     schema.pop("description", None)
     return schema
+
+
+_DRAIN_REASON = f'.status.conditions[?(@.type=="{c.CONDITION_DRAINED}")].reason'
 
 
 def crd() -> dict[str, Any]:
@@ -99,6 +106,14 @@ def crd() -> dict[str, Any]:
                             "type": "integer",
                             "jsonPath": ".status.drainProgress",
                             "description": "Drain progress in percent",
+                        },
+                        {
+                            "name": "Drain",
+                            "type": "string",
+                            "jsonPath": _DRAIN_REASON,
+                            "description": "Where the drain stands (reason of the Drained "
+                            "condition): Draining, Blocked, WaitingForCompletion, TimedOut "
+                            "or Drained",
                         },
                         {"name": "Reason", "type": "string", "jsonPath": ".spec.reason"},
                         {

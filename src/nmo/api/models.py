@@ -29,6 +29,64 @@ class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
+class OnTimeout(StrEnum):
+    """What happens when a drain misses its deadline (nmo addition)."""
+
+    REPORT = "Report"  # keep draining; condition, Warning event and metric
+    DELETE = "Delete"  # delete the remaining pods with their grace period, bypassing PDBs
+    ABORT = "Abort"  # restore the node, release the lease, phase Failed
+
+
+class SelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(_Model):
+    key: str = Field(min_length=1, description="The label key the selector applies to.")
+    operator: SelectorOperator = Field(description="In, NotIn, Exists or DoesNotExist.")
+    values: list[str] | None = Field(
+        default=None, description="Values for In and NotIn; empty for Exists and DoesNotExist."
+    )
+
+
+class LabelSelector(_Model):
+    """A Kubernetes label selector (metav1.LabelSelector)."""
+
+    match_labels: dict[str, str] | None = Field(
+        default=None, alias="matchLabels", description="Labels a pod must carry, exactly."
+    )
+    match_expressions: list[LabelSelectorRequirement] | None = Field(
+        default=None, alias="matchExpressions", description="Label requirements, all must hold."
+    )
+
+
+class DrainSpec(_Model):
+    """How the node is drained (nmo addition; every field optional)."""
+
+    timeout_seconds: int | None = Field(
+        default=None,
+        alias="timeoutSeconds",
+        ge=1,
+        description="Deadline for the drain, in seconds from its start "
+        "(default: the operator's --drain-timeout; none when 0).",
+    )
+    on_timeout: OnTimeout | None = Field(
+        default=None,
+        alias="onTimeout",
+        description="At the deadline: Report (default) keeps draining and reports; "
+        "Delete deletes the remaining pods with their grace period, bypassing "
+        "PodDisruptionBudgets; Abort restores the node and fails the maintenance.",
+    )
+    pod_selector: LabelSelector | None = Field(
+        default=None,
+        alias="podSelector",
+        description="Only pods matching this selector are evicted; the others are left alone.",
+    )
+
+
 class NodeMaintenanceSpec(_Model):
     """What the user asks for."""
 
@@ -36,6 +94,9 @@ class NodeMaintenanceSpec(_Model):
         alias="nodeName", min_length=1, description="Node to put into maintenance."
     )
     reason: str | None = Field(default=None, description="Why the node is in maintenance.")
+    drain: DrainSpec | None = Field(
+        default=None, description="Drain deadline and pod selection (nmo addition)."
+    )
 
 
 class PodReference(_Model):
@@ -60,6 +121,31 @@ class PendingPodDetail(_Model):
     )
     since: datetime | None = Field(
         default=None, description="When the pod started to be in this state."
+    )
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    """A Kubernetes status condition (metav1.Condition)."""
+
+    type: str = Field(description="Condition type, e.g. Drained.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(description="Machine-readable reason in CamelCase.")
+    message: str = Field(default="", description="Human-readable explanation.")
+    last_transition_time: datetime | None = Field(
+        default=None,
+        alias="lastTransitionTime",
+        description="When the condition last changed status.",
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        alias="observedGeneration",
+        description="The CR generation the condition was computed for.",
     )
 
 
@@ -95,6 +181,20 @@ class NodeMaintenanceStatus(_Model):
     )
     error_on_lease_count: int | None = Field(
         default=None, alias="errorOnLeaseCount", description="Consecutive lease errors."
+    )
+    drain_start_time: datetime | None = Field(
+        default=None,
+        alias="drainStartTime",
+        description="When nmo started the drain (nmo addition; kept across restarts).",
+    )
+    drain_deadline: datetime | None = Field(
+        default=None,
+        alias="drainDeadline",
+        description="When the drain times out, if it has a timeout (nmo addition).",
+    )
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Conditions (nmo addition): Drained explains where the drain stands.",
     )
 
     def to_api(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import yaml
 from nmo import __version__
 from nmo.api import constants as c
 from nmo.api.crd import crd
+from nmo.api.models import OnTimeout
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
@@ -71,6 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="minimum seconds between drain status writes per CR",
+    )
+    eng.add_argument(
+        "--drain-timeout",
+        type=int,
+        default=_env_int("NMO_DRAIN_TIMEOUT", 0),
+        metavar="SECONDS",
+        help="default drain deadline for CRs without spec.drain.timeoutSeconds "
+        "(0: no deadline, as the Go NMO)",
+    )
+    eng.add_argument(
+        "--drain-on-timeout",
+        choices=[a.value for a in OnTimeout],
+        default=os.environ.get("NMO_DRAIN_ON_TIMEOUT") or OnTimeout.REPORT.value,
+        help="default for spec.drain.onTimeout: Report keeps draining and reports, "
+        "Delete deletes the remaining pods (bypassing PDBs), Abort restores the node "
+        "and fails the maintenance",
     )
     le = run.add_argument_group("leader election")
     le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
@@ -154,7 +171,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         leader_lease_duration=args.leader_lease_duration,
         leader_renew_deadline=args.leader_renew_deadline,
         leader_retry_period=args.leader_retry_period,
-        plan=PlanSettings(status_interval=args.status_interval),
+        plan=PlanSettings(
+            status_interval=args.status_interval,
+            drain_timeout=args.drain_timeout,
+            on_timeout=OnTimeout(args.drain_on_timeout),
+        ),
     )
     if args.identity:
         engine.identity = args.identity
@@ -184,6 +205,9 @@ async def run(args: argparse.Namespace) -> int:
         if value < 1:
             log.error("%s must be at least 1 (got %d)", name, value)
             return 2
+    if args.drain_timeout < 0:
+        log.error("--drain-timeout must be 0 (no deadline) or more (got %d)", args.drain_timeout)
+        return 2
     settings = settings_from(args)
     conn = settings.connection
     try:

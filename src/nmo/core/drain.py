@@ -100,6 +100,59 @@ class Evictor:
             record.evictions.add(task)
             task.add_done_callback(record.evictions.discard)
 
+    async def force_delete(self, record: Memory, pod: Pod, grace: int) -> bool:
+        """Delete a pod past the drain deadline (onTimeout Delete), bypassing PDBs.
+
+        The pod's own grace period (at least 1 s) and a UID precondition: a
+        replacement pod under the same name is never touched. True when the
+        deletion was accepted; a pod already gone counts as not deleted by us.
+        """
+        ns, name = str(pod["metadata"]["namespace"]), str(pod["metadata"]["name"])
+        key, uid = pod_key(pod), str(pod["metadata"].get("uid", ""))
+        state = record.drain.get(key)
+        if state is None or state.uid != uid:
+            state = record.drain[key] = PodDrainState(uid=uid)
+        if state.in_flight or state.forced:
+            return False
+        state.in_flight = True
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "gracePeriodSeconds": max(1, grace),
+            "preconditions": {"uid": uid},
+        }
+        outcome = "error"
+        try:
+            async with self._slots:
+                await self.kube.request(
+                    "DELETE", api_path("v1", "pods", namespace=ns, name=name), body=body
+                )
+            outcome = "deleted"
+            state.forced = True
+            self._blocked(state, REASON_TERMINATING, "deleted at the drain deadline")
+            log.warning(
+                "drain: deadline reached, deleted pod %s from node %s (grace %ss)",
+                key,
+                record.node,
+                max(1, grace),
+                extra={"node": record.node, "pod": key},
+            )
+        except (NotFound, Conflict):
+            outcome = "gone"  # gone, or replaced (the UID precondition failed)
+        except KubeError as exc:
+            self._blocked(state, REASON_ERROR, f"deleting pods/{name} -n {ns}: {exc.message}")
+            self._backoff(state, exc.retry_after, self.base_backoff)
+            log.warning(
+                "drain: could not delete pod %s at the drain deadline: %s",
+                key,
+                exc.message,
+                extra={"node": record.node, "pod": key},
+            )
+        finally:
+            state.in_flight = False
+        self.metrics.forced_deletions.labels(outcome=outcome).inc()
+        return outcome == "deleted"
+
     def unblock(self, record: Memory, keys: list[str]) -> None:
         """The PDB now allows disruptions: make these pods due at once."""
         for key in keys:

@@ -25,6 +25,7 @@ import socket
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
@@ -35,6 +36,7 @@ from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, node_path
 from nmo.core.leader import LeaderElector, LeaderSettings
 from nmo.core.lease import LeaseClient
+from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import blocked_by
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.memory import Memories, Memory
@@ -146,6 +148,7 @@ class Engine:
             recorder=self.recorder,
             metrics=metrics,
             watch_pods=self._watch_pods,
+            pdbs=self.pdbs,
             settings=settings.plan,
         )
         self.elector: LeaderElector | None = None
@@ -356,6 +359,15 @@ class Engine:
             counts[phase] = counts.get(phase, 0) + 1
         for phase, n in counts.items():
             self.metrics.maintenances.labels(phase=phase).set(n)
+        self.metrics.drain_blocked.clear()
+        now = datetime.now(UTC)
+        for obj in self.maintenances.store.values():
+            since = blocked_since(obj)
+            if since is not None:
+                self.metrics.drain_blocked.labels(
+                    maintenance=obj["metadata"]["name"],
+                    node=(obj.get("spec") or {}).get("nodeName", ""),
+                ).set(max(0.0, (now - since).total_seconds()))
 
     async def shutdown(self) -> None:
         await self.queue.shutdown()

@@ -35,6 +35,27 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.drain_timeouts = Counter(
+            "nmo_drain_timeouts_total",
+            "Maintenances whose drain reached its deadline, by onTimeout action "
+            "(Report, Delete, Abort).",
+            ["action"],
+            registry=r,
+        )
+        self.forced_deletions = Counter(
+            "nmo_forced_deletions_total",
+            "Pod deletions at the drain deadline (onTimeout Delete, PDBs bypassed), "
+            "by outcome (deleted, gone, error).",
+            ["outcome"],
+            registry=r,
+        )
+        self.drain_blocked = Gauge(
+            "nmo_drain_blocked_seconds",
+            "How long a maintenance's drain has been Blocked (condition Drained, "
+            "reason Blocked); absent when it is not blocked.",
+            ["maintenance", "node"],
+            registry=r,
+        )
         self.lease_errors = Counter(
             "nmo_lease_errors_total",
             "Failures to obtain or extend the medik8s node lease.",

@@ -38,6 +38,7 @@ from nmo.core.maintenance import planner, transitions
 from nmo.core.maintenance import pods as podselect
 from nmo.core.maintenance.observed import (
     DONE,
+    Emit,
     LeaseStep,
     Observed,
     Plan,
@@ -72,6 +73,7 @@ class Reconciler:
         recorder: EventRecorder,
         metrics: Metrics,
         watch_pods: Callable[[Memory], None],
+        pdbs: Informer | None = None,
         settings: planner.PlanSettings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -85,6 +87,7 @@ class Reconciler:
         self.recorder = recorder
         self.metrics = metrics
         self.watch_pods = watch_pods
+        self.pdbs = pdbs
         self.settings = settings or planner.PlanSettings()
         self.clock = clock
 
@@ -128,7 +131,20 @@ class Reconciler:
             ),
             now=self.clock(),
             tick=asyncio.get_running_loop().time(),
+            pdbs=self._pdbs(record),
         )
+
+    def _pdbs(self, record: Memory) -> dict[str, Obj]:
+        """The PodDisruptionBudgets the node's drain states name (for the Blocked message)."""
+        if self.pdbs is None:
+            return {}
+        out: dict[str, Obj] = {}
+        for key, state in record.drain.items():
+            if state.pdb:
+                name = f"{key.split('/', 1)[0]}/{state.pdb}"
+                if name not in out and (pdb := self.pdbs.get(name)) is not None:
+                    out[name] = pdb
+        return out
 
     async def _node(self, name: str) -> Obj | None:
         node = self.nodes.get(name)
@@ -162,6 +178,8 @@ class Reconciler:
         name = obs.nm.metadata.name
         if plan.metadata:
             raw = await self._patch_metadata(raw, plan.metadata)
+        if plan.restore:
+            return await self._apply_abort(raw, obs, plan, record)
         if plan.work is Work.RUN:
             self.watch_pods(record)
         if plan.lease in (LeaseStep.REQUEST, LeaseStep.FORCE) and obs.node is not None:
@@ -211,7 +229,58 @@ class Reconciler:
         if plan.evict and not record.forgotten:
             # The node is cordoned: evictions run while the status is written.
             self.evictor.start(record, plan.evict)
+        forced = await self._force(obs, plan, record)
         raw = await self._write_status(raw, plan, record)
+        if plan.timed_out is not None:
+            self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
+        await self._finish(raw, obs, replace(plan, events=(*plan.events, *forced)), record)
+        return plan.result
+
+    async def _force(self, obs: Observed, plan: Plan, record: Memory) -> tuple[Emit, ...]:
+        """onTimeout Delete: delete the pods the plan names (PDBs bypassed by opt-in)."""
+        if not plan.force or record.forgotten:
+            return ()
+        done = await asyncio.gather(
+            *(self.evictor.force_delete(record, pod, grace) for pod, grace in plan.force)
+        )
+        events = []
+        for (pod, grace), deleted in zip(plan.force, done, strict=True):
+            if deleted:
+                key = podselect.pod_key(pod)
+                events.append(
+                    Emit(
+                        (
+                            c.EVENT_POD_FORCE_DELETED,
+                            f"drain deadline: deleted pod {key} with its grace period of "
+                            f"{grace}s (onTimeout Delete bypasses PodDisruptionBudgets)",
+                        ),
+                        warning=True,
+                    )
+                )
+        return tuple(events)
+
+    async def _apply_abort(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
+        """onTimeout Abort: node restored, lease released, then Failed (terminal)."""
+        nm = obs.nm
+        record.stop()
+        if plan.node_patch:
+            await self._restore(obs, plan.node_patch)
+            log.info(
+                "maintenance %s: node %s restored",
+                nm.metadata.name,
+                nm.spec.node_name,
+                extra=_ctx(nm),
+            )
+        if plan.lease is LeaseStep.RELEASE and await self.leases.release(nm.spec.node_name):
+            log.info(
+                "maintenance %s: lease for node %s released",
+                nm.metadata.name,
+                nm.spec.node_name,
+                extra=_ctx(nm),
+            )
+        raw = await self._write_status(raw, plan, record)
+        if plan.timed_out is not None:
+            self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
         await self._finish(raw, obs, plan, record)
         return plan.result
 

@@ -211,6 +211,29 @@ async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
     return Decision.deny(Messages.WEBHOOK_QUORUM.format(node=node_name))
 
 
+def drain_spec_error(obj: Obj) -> str | None:
+    """What is wrong with ``spec.drain`` that the CRD schema cannot say, if anything.
+
+    The schema checks types, the onTimeout values and timeoutSeconds >= 1;
+    a label selector's requirements also need values exactly when their
+    operator compares against values (metav1.LabelSelector's rule).
+    """
+    drain = (obj.get("spec") or {}).get("drain")
+    if not isinstance(drain, dict):
+        return None
+    selector = drain.get("podSelector")
+    if not isinstance(selector, dict):
+        return None
+    for i, expr in enumerate(selector.get("matchExpressions") or []):
+        where = f"spec.drain.podSelector.matchExpressions[{i}]"
+        op, values = expr.get("operator"), expr.get("values") or []
+        if op in ("In", "NotIn") and not values:
+            return f"{where}: operator {op} needs at least one value"
+        if op in ("Exists", "DoesNotExist") and values:
+            return f"{where}: operator {op} takes no values"
+    return None
+
+
 async def validate_create(
     new: Obj, lookups: Lookups, *, claimant: str, dry_run: bool = False
 ) -> Decision:
@@ -221,6 +244,8 @@ async def validate_create(
         return Decision.bad_request("spec.nodeName is required")
     if not valid_node_name(node_name):
         return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=shown_name(node_name)))
+    if (problem := drain_spec_error(new)) is not None:
+        return Decision.deny(problem)
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
@@ -250,4 +275,6 @@ def validate_update(old: Obj | None, new: Obj) -> Decision:
     """Rules for a changed NodeMaintenance: the node cannot be swapped."""
     if old is not None and node_name_of(old) != node_name_of(new):
         return Decision.deny(Messages.WEBHOOK_NODENAME_CHANGED)
+    if (problem := drain_spec_error(new)) is not None:
+        return Decision.deny(problem)
     return Decision.allow()

@@ -35,8 +35,10 @@ REASON_ERROR = "EvictionError"
 REASON_TERMINATING = "Terminating"
 REASON_WAITING = "Waiting"
 REASON_EVICTING = "Evicting"
+REASON_WAIT_COMPLETED = "WaitingForCompletion"  # drain=wait-completed, still running
+REASON_INVALID_RULE = "InvalidDrainRule"  # an unknown drain rule: not evicted, blocks
 
-ERROR_REASONS = (REASON_MULTI_PDB, REASON_ERROR, REASON_NS_TERMINATING)
+ERROR_REASONS = (REASON_MULTI_PDB, REASON_ERROR, REASON_NS_TERMINATING, REASON_INVALID_RULE)
 
 MAX_DETAILS = 100  # pendingPodsDetails is capped; pendingPods always lists every pod
 _DETAIL_ORDER = {
@@ -44,6 +46,8 @@ _DETAIL_ORDER = {
     REASON_MULTI_PDB: 0,
     REASON_NS_TERMINATING: 0,
     REASON_ERROR: 0,
+    REASON_INVALID_RULE: 0,
+    REASON_WAIT_COMPLETED: 1,
     REASON_TERMINATING: 1,
     REASON_EVICTING: 2,
     REASON_WAITING: 2,
@@ -63,6 +67,7 @@ class PodDrainState:
     attempts: int = 0
     in_flight: bool = False
     evicted: bool = False
+    forced: bool = False  # deleted after the drain deadline (onTimeout: Delete)
 
 
 @dataclass(frozen=True)
@@ -103,14 +108,28 @@ def _view(pod: Pod, state: PodDrainState | None) -> tuple[str, str, str | None, 
 
 
 def survey(
-    states: Mapping[str, PodDrainState], pods: Sequence[Pod], *, tick: float, now: datetime
+    states: Mapping[str, PodDrainState],
+    pods: Sequence[Pod],
+    *,
+    tick: float,
+    now: datetime,
+    hold: Mapping[str, str] | None = None,
+    waited: Sequence[tuple[Pod, str, str]] = (),
 ) -> Survey:
-    """The drain of one node: pending pods, what is due, what is stale."""
+    """The drain of one node: pending pods, what is due, what is stale.
+
+    ``pods`` are the pods to evict; those in ``hold`` (key -> why) are pending
+    but not due yet (a later drain order). ``waited`` are pods the drain waits
+    on without evicting them, as ``(pod, reason, message)``.
+    """
+    hold = hold or {}
     present = {pod_key(p): p for p in pods}
+    extra = {pod_key(p): (p, reason, message) for p, reason, message in waited}
     stale = [
         key
         for key, state in states.items()
-        if key not in present or present[key]["metadata"].get("uid") != state.uid
+        if (key not in present and key not in extra)
+        or (present.get(key) or extra[key][0])["metadata"].get("uid") != state.uid
     ]
     live = {k: s for k, s in states.items() if k not in stale}
     due: list[Pod] = []
@@ -118,10 +137,15 @@ def survey(
     errors: list[str] = []
     rows: list[tuple[int, int, str, str, str, str, str | None, datetime | None]] = []
     pending: list[tuple[str, str]] = []
-    for key, pod in present.items():
+    for key, pod in [*present.items(), *((k, v[0]) for k, v in extra.items())]:
         state = live.get(key)
         terminating = terminating_since(pod) is not None
-        if state is None:
+        held = key in hold or key in extra
+        if state is not None and state.forced:
+            pass  # its deletion was accepted: the pod watch reports it terminating
+        elif held:
+            pass
+        elif state is None:
             if not terminating:
                 due.append(pod)
         elif not state.in_flight and not terminating:
@@ -131,7 +155,11 @@ def survey(
                 remaining = state.next_attempt - tick
                 wake = remaining if wake is None else min(wake, remaining)
         reason, message, pdb, since = _view(pod, state)
-        if state is None and not terminating:
+        if key in extra and not terminating and (state is None or not state.in_flight):
+            _, reason, message = extra[key]
+        elif key in hold and state is None and not terminating:
+            reason, message = REASON_WAITING, hold[key]
+        elif state is None and not terminating:
             reason = REASON_EVICTING
         if reason in ERROR_REASONS:
             errors.append(message)

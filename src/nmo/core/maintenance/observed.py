@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus
+from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, OnTimeout
 from nmo.core.maintenance.drainstate import PodDrainState
 
 Obj = dict[str, Any]
@@ -42,6 +42,7 @@ class Observed:
     recall: Recall
     now: datetime  # wall clock (status times)
     tick: float  # event loop clock (backoff deadlines)
+    pdbs: Mapping[str, Obj] = field(default_factory=dict)  # "ns/name" -> PDBs drain states name
 
 
 class LeaseStep(enum.Enum):
@@ -88,6 +89,8 @@ class Plan:
     node_patch: list[Obj] | None = None  # guarded JSON patch of the node
     restore: bool = False  # node_patch restores the node (re-planned on conflict)
     evict: tuple[Obj, ...] = ()  # pods to start evicting (only once the node is cordoned)
+    force: tuple[tuple[Obj, int], ...] = ()  # (pod, grace s) to delete: the deadline is near
+    timed_out: OnTimeout | None = None  # the drain just reached its deadline (metric)
     drop: tuple[str, ...] = ()  # drain states to forget
     events: tuple[Emit, ...] = ()
     work: Work = Work.RUN

@@ -30,11 +30,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, Phase, PodReference
+from nmo.api.models import (
+    NodeMaintenance,
+    NodeMaintenanceStatus,
+    OnTimeout,
+    Phase,
+    PodReference,
+)
+from nmo.core.maintenance import drainplan
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import pods as podselect
 from nmo.core.maintenance import transitions as status
-from nmo.core.maintenance.drainstate import survey
 from nmo.core.maintenance.observed import (
     DONE,
     TERMINAL,
@@ -56,6 +62,8 @@ class PlanSettings:
     lease_retry: float = 5.0  # retry after a failed lease request
     pods_wait: float = 5.0  # safety requeue while the node's pod watch syncs
     rewrite_after: float = 60.0  # a pruned status is rewritten at most this often
+    drain_timeout: int = 0  # operator default for spec.drain.timeoutSeconds (0: none)
+    on_timeout: OnTimeout = OnTimeout.REPORT  # operator default for spec.drain.onTimeout
 
 
 SETTINGS = PlanSettings()
@@ -137,15 +145,23 @@ def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
     return meta
 
 
+def _selection(obs: Observed, pods: tuple[Obj, ...]) -> podselect.Selection:
+    drain = obs.nm.spec.drain
+    selector = None
+    if drain is not None and drain.pod_selector is not None:
+        selector = drain.pod_selector.model_dump(by_alias=True, exclude_none=True)
+    return podselect.select_pods(pods, lambda key: obs.daemonsets.get(key, False), selector)
+
+
 def _started(obs: Observed) -> NodeMaintenanceStatus:
     """The status with the drain's starting figures once the pods are known (A2.2)."""
     st = obs.nm.status
     if st.phase is not None or obs.pods is None:
         return st
-    selection = podselect.select_pods(obs.pods, lambda key: obs.daemonsets.get(key, False))
+    selection = _selection(obs, obs.pods)
     refs = [
         PodReference(namespace=podselect.pod_namespace(p), name=podselect.pod_name(p))
-        for p in selection.evict
+        for p in (*selection.evict, *selection.waited)
     ]
     return status.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
 
@@ -220,11 +236,28 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             status=_status_write(obs, st, settings),
             result=Result(requeue_after=settings.pods_wait),
         )
-    selection = podselect.select_pods(obs.pods, lambda key: obs.daemonsets.get(key, False))
+    selection = _selection(obs, obs.pods)
     if nm.status.phase is None:
         notes.extend(f"drain of node {node_name}: {w}" for w in selection.warnings)
-    drain = survey(obs.drain, selection.evict, tick=obs.tick, now=now)
-    report = drain.report
+    deadline = drainplan.deadline_of(
+        nm, now, default_timeout=settings.drain_timeout, default_action=settings.on_timeout
+    )
+    st = status.drain_timing(st, start=deadline.start, deadline=deadline.at)
+    plan_ = drainplan.plan_drain(selection, obs.drain, obs.pdbs, deadline, tick=obs.tick, now=now)
+    drain, report, cond = plan_.survey, plan_.survey.report, plan_.condition
+    st = status.with_condition(
+        st,
+        type_=c.CONDITION_DRAINED,
+        state=cond.status,
+        reason=cond.reason,
+        message=cond.message,
+        now=now,
+        generation=nm.metadata.generation or None,
+    )
+    before = status.condition(nm.status, c.CONDITION_DRAINED)
+    reached = plan_.timed_out and (before is None or before.reason != drainplan.REASON_TIMED_OUT)
+    if plan_.timed_out and deadline.action is OnTimeout.ABORT:
+        return _abort(obs, base, st, cond.message, meta)
     if not report.pending:
         new = status.succeeded(st, now)
         finished = st.phase is not Phase.SUCCEEDED
@@ -245,7 +278,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     new = status.draining(
         st, pending=report.pending, details=report.details, error=report.last_error, now=now
     )
-    wait = settings.resync if report.next_wake is None else report.next_wake
+    wait = settings.resync if plan_.next_wake is None else plan_.next_wake
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
     write = _status_write(obs, new, settings)
     ago = obs.recall.status_written_ago
@@ -259,14 +292,47 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         write = None
         later = settings.status_interval - ago
         result = Result(requeue_after=min(result.requeue_after or wait, later))
+    fired = base.events
+    if reached and write is not None:  # once, with the status that says TimedOut
+        fired = (*fired, Emit((c.EVENT_DRAIN_TIMED_OUT, cond.message), warning=True))
+        notes.append(f"maintenance {nm.metadata.name}: {cond.message}")
     return replace(
         base,
         status=write,
         evict=tuple(drain.due),
+        force=plan_.force,
         drop=tuple(drain.stale),
+        events=fired,
         notes=tuple(notes),
         result=result,
         drain_pending=len(report.pending),
+        timed_out=deadline.action if reached and write is not None else None,
+    )
+
+
+def _abort(
+    obs: Observed, base: Plan, st: NodeMaintenanceStatus, message: str, meta: dict[str, Any]
+) -> Plan:
+    """onTimeout Abort: restore the node as on deletion, release the lease, Failed."""
+    nm = obs.nm
+    assert obs.node is not None
+    undo = nodeplan.restore(obs.node, _prior(nm))
+    events = [*base.events, Emit((c.EVENT_DRAIN_TIMED_OUT, message), warning=True)]
+    if undo.uncordon:
+        events.append(Emit(c.EVENT_UNCORDON, target="node"))
+    events.append(Emit(c.EVENT_FAILED, warning=True))
+    return Plan(
+        metadata=meta or None,
+        lease=LeaseStep.RELEASE,
+        status=status.drain_timed_out(st, error=message, now=obs.now),
+        node_patch=undo.ops,
+        restore=True,
+        drop=tuple(obs.drain),
+        events=tuple(events),
+        work=Work.STOP,
+        result=TERMINAL,
+        notes=(*base.notes, f"maintenance {nm.metadata.name} failed: {message}"),
+        timed_out=OnTimeout.ABORT,
     )
 
 

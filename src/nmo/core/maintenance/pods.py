@@ -1,4 +1,5 @@
-"""Which pods a drain evicts: kubectl drain's filters, as pure functions.
+"""Which pods a drain evicts, and in what order: kubectl drain's filters and
+nmo's drain rules, as pure functions.
 
 The options are fixed to NMO's (``--force --delete-emptydir-data
 --ignore-daemonsets``, the pod's own grace period):
@@ -10,15 +11,30 @@ The options are fixed to NMO's (``--force --delete-emptydir-data
 - pods with emptyDir volumes are evicted ("deleting Pods with local storage");
 - pods without a controller are evicted ("deleting Pods that declare no
   controller").
+
+nmo's drain rules (issue 12) come after those filters:
+
+- a pod labelled ``nodemaintenance.medik8s.io/drain=skip``, or not matching
+  the CR's ``spec.drain.podSelector``, is left alone and does not block;
+- ``nodemaintenance.medik8s.io/drain=wait-completed``: not evicted; the drain
+  waits until the pod has completed (phase Succeeded or Failed) or is gone;
+- any other value of that label is a mistake that must not cost the pod:
+  it is not evicted and blocks the drain until the label is fixed.
+
+Order: the ``nodemaintenance.medik8s.io/drain-order`` annotation (an
+integer, lowest first, default 0); within one order, pods of the
+``system-cluster-critical`` and ``system-node-critical`` priority classes go
+last (:func:`order_key`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
+from nmo.core.selectors import selector_matches
 
 Pod = dict[str, Any]
 
@@ -30,7 +46,16 @@ class Selection:
     evict: list[Pod] = field(default_factory=list)
     daemonset: list[Pod] = field(default_factory=list)
     mirror: list[Pod] = field(default_factory=list)
+    skipped: list[Pod] = field(default_factory=list)  # drain=skip or outside podSelector
+    wait: list[Pod] = field(default_factory=list)  # drain=wait-completed, not completed yet
+    completed: list[Pod] = field(default_factory=list)  # drain=wait-completed, completed
+    invalid: list[tuple[Pod, str]] = field(default_factory=list)  # unknown rule: (pod, why)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def waited(self) -> list[Pod]:
+        """Pods the drain waits on without evicting them (wait-completed, invalid rule)."""
+        return [*self.wait, *(p for p, _ in self.invalid)]
 
 
 def controller_of(pod: Pod) -> dict[str, Any] | None:
@@ -68,13 +93,58 @@ def _has_empty_dir(pod: Pod) -> bool:
     return any("emptyDir" in v for v in (pod.get("spec") or {}).get("volumes") or [])
 
 
-def select_pods(pods: Iterable[Pod], daemonset_exists: Callable[[str], bool]) -> Selection:
-    """Split the node's pods into those to evict and those to leave alone."""
+def pod_phase(pod: Pod) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
+def is_completed(pod: Pod) -> bool:
+    return pod_phase(pod) in ("Succeeded", "Failed")
+
+
+def drain_order(pod: Pod) -> tuple[int, str | None]:
+    """The pod's drain order and, for an unreadable annotation, why 0 is used."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.DRAIN_ORDER_ANNOTATION)
+    if raw is None:
+        return 0, None
+    try:
+        return int(str(raw).strip()), None
+    except ValueError:
+        return 0, f"{pod_key(pod)}: {c.DRAIN_ORDER_ANNOTATION}={raw!r} is not an integer, using 0"
+
+
+def is_critical(pod: Pod) -> bool:
+    return (pod.get("spec") or {}).get("priorityClassName") in c.CRITICAL_PRIORITY_CLASSES
+
+
+def order_key(pod: Pod) -> tuple[int, int]:
+    """Drain order: the annotation first, then critical pods last within it."""
+    return drain_order(pod)[0], 1 if is_critical(pod) else 0
+
+
+def describe_order(key: tuple[int, int]) -> str:
+    order, critical = key
+    return f"order {order}" + (" (critical pods)" if critical else "")
+
+
+def grace_seconds(pod: Pod) -> int:
+    """The pod's own grace period, at least 1 s (a forced deletion never uses 0)."""
+    raw = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    grace = c.DEFAULT_GRACE_SECONDS if raw is None else int(raw)
+    return max(1, grace)
+
+
+def select_pods(
+    pods: Iterable[Pod],
+    daemonset_exists: Callable[[str], bool],
+    pod_selector: Mapping[str, Any] | None = None,
+) -> Selection:
+    """Split the node's pods into those to evict, to wait on and to leave alone."""
     sel = Selection()
     local: list[str] = []
     unmanaged: list[str] = []
     for pod in pods:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
         if c.MIRROR_POD_ANNOTATION in annotations:
             sel.mirror.append(pod)
             continue
@@ -82,6 +152,26 @@ def select_pods(pods: Iterable[Pod], daemonset_exists: Callable[[str], bool]) ->
         if ds is not None and daemonset_exists(ds):
             sel.daemonset.append(pod)
             continue
+        labels = meta.get("labels") or {}
+        rule = labels.get(c.DRAIN_RULE_LABEL)
+        if rule == c.DRAIN_RULE_SKIP or not selector_matches(pod_selector, labels):
+            sel.skipped.append(pod)
+            continue
+        if rule == c.DRAIN_RULE_WAIT_COMPLETED:
+            (sel.completed if is_completed(pod) else sel.wait).append(pod)
+            continue
+        if rule is not None:
+            sel.invalid.append(
+                (
+                    pod,
+                    f"unknown drain rule {c.DRAIN_RULE_LABEL}={rule!r} "
+                    f"(expected {c.DRAIN_RULE_SKIP} or {c.DRAIN_RULE_WAIT_COMPLETED}): "
+                    "not evicted; fix or remove the label",
+                )
+            )
+            continue
+        if (why := drain_order(pod)[1]) is not None:
+            sel.warnings.append(why)
         if _has_empty_dir(pod):
             local.append(pod_key(pod))
         if controller_of(pod) is None:
@@ -94,4 +184,7 @@ def select_pods(pods: Iterable[Pod], daemonset_exists: Callable[[str], bool]) ->
         sel.warnings.append(f"deleting Pods with local storage: {', '.join(local)}")
     if unmanaged:
         sel.warnings.append(f"deleting Pods that declare no controller: {', '.join(unmanaged)}")
+    if sel.skipped:
+        names = ", ".join(pod_key(p) for p in sel.skipped)
+        sel.warnings.append(f"leaving Pods alone (drain rule or podSelector): {names}")
     return sel

@@ -13,6 +13,8 @@ from datetime import datetime
 
 from nmo.api import constants as c
 from nmo.api.models import (
+    Condition,
+    ConditionStatus,
     NodeMaintenanceStatus,
     PendingPodDetail,
     Phase,
@@ -141,6 +143,52 @@ def succeeded(status: NodeMaintenanceStatus, now: datetime) -> NodeMaintenanceSt
     if status.phase is not Phase.SUCCEEDED:
         update["last_update"] = now
     return status.model_copy(update=update)
+
+
+def with_condition(
+    status: NodeMaintenanceStatus,
+    *,
+    type_: str,
+    state: ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None = None,
+) -> NodeMaintenanceStatus:
+    """Set one condition as meta.SetStatusCondition does: its
+    lastTransitionTime moves only when its status changes."""
+    old = next((x for x in status.conditions or [] if x.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status is state else None
+    new = Condition(
+        type=type_,
+        status=state,
+        reason=reason,
+        message=message,
+        last_transition_time=since or now,
+        observed_generation=generation,
+    )
+    others = [x for x in status.conditions or [] if x.type != type_]
+    return status.model_copy(update={"conditions": [*others, new]})
+
+
+def condition(status: NodeMaintenanceStatus, type_: str) -> Condition | None:
+    return next((x for x in status.conditions or [] if x.type == type_), None)
+
+
+def drain_timing(
+    status: NodeMaintenanceStatus, *, start: datetime, deadline: datetime | None
+) -> NodeMaintenanceStatus:
+    """Persist when the drain started and when it times out (kept across restarts)."""
+    if status.drain_start_time == start and status.drain_deadline == deadline:
+        return status
+    return status.model_copy(update={"drain_start_time": start, "drain_deadline": deadline})
+
+
+def drain_timed_out(
+    status: NodeMaintenanceStatus, *, error: str, now: datetime
+) -> NodeMaintenanceStatus:
+    """onTimeout Abort: Failed with the deadline's error (the node is restored)."""
+    return failed(status, error=error, now=now)
 
 
 def differs(a: NodeMaintenanceStatus, b: NodeMaintenanceStatus) -> bool:
