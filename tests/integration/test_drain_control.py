@@ -1,0 +1,478 @@
+"""Drain control on the real sandbox (issue 12): deadlines under each onTimeout,
+drain rules, drain order and the Drained condition, against real PDBs.
+
+Every drain here is held by a PodDisruptionBudget that never allows an
+eviction (minAvailable equal to the pods it selects), unless the test says
+otherwise. Pods are kwok pods: an evicted or deleted pod stays Terminating
+for its grace period (nmo's pod-delete stage), then goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+from audit import AuditWindow, nmo_events, show
+from objects import NM, Api, pdb, pod_spec, uid
+from operator_fixtures import Operator, wait_for
+
+from nmo.sandbox import Sandbox
+
+pytestmark = pytest.mark.integration
+
+RULE = "nodemaintenance.medik8s.io/drain"
+ORDER = "nodemaintenance.medik8s.io/drain-order"
+
+
+@pytest.fixture
+async def api(kube: httpx.AsyncClient) -> Api:
+    return Api(kube)
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def drained(obj: dict[str, Any] | None) -> dict[str, Any]:
+    """The Drained condition of a CR ({} if none yet)."""
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Drained":
+            return dict(cond)
+    return {}
+
+
+async def bare_pod(
+    api: Api,
+    ns: str,
+    name: str,
+    node: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    grace: int = 1,
+    priority_class: str | None = None,
+) -> dict[str, Any]:
+    spec = pod_spec(node_name=node)
+    spec["terminationGracePeriodSeconds"] = grace
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": spec,
+    }
+    return await api.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+
+async def running(api: Api, ns: str, names: list[str]) -> None:
+    async def check() -> bool:
+        pods = {p["metadata"]["name"]: p for p in await api.pods(ns)}
+        return all((pods.get(n) or {}).get("status", {}).get("phase") == "Running" for n in names)
+
+    await wait_for(check, what=f"pods {names} running")
+
+
+async def never_allowing_pdb(api: Api, ns: str, name: str, labels: dict[str, str], n: int) -> None:
+    """A PDB with minAvailable == the n pods it selects: it never allows an eviction."""
+    await api.create(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb(name, labels, n))
+
+    async def computed() -> bool:
+        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}")
+        st = (budget or {}).get("status") or {}
+        return st.get("currentHealthy") == n and st.get("disruptionsAllowed") == 0
+
+    await wait_for(computed, what=f"PDB {name} computed")
+
+
+async def create_nm(api: Api, node: str, drain: dict[str, Any] | None = None) -> str:
+    name = f"nm-{uid()}"
+    spec: dict[str, Any] = {"nodeName": node, "reason": "drain control test"}
+    if drain is not None:
+        spec["drain"] = drain
+    await api.create(
+        NM,
+        {
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+    return name
+
+
+async def wait_reason(api: Api, name: str, reason: str, timeout: float = 60) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if drained(obj).get("reason") == reason else None
+
+    return await wait_for(check, timeout=timeout, what=f"{name}: Drained reason {reason}")
+
+
+async def wait_phase(api: Api, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if ((obj or {}).get("status") or {}).get("phase") == phase else None
+
+    return await wait_for(check, timeout=timeout, what=f"{name} phase {phase}")
+
+
+async def remove_nm(api: Api, name: str) -> None:
+    await api.delete(f"{NM}/{name}")
+
+    async def gone() -> bool:
+        return await api.nm(name) is None
+
+    await wait_for(gone, timeout=30, what=f"{name} deleted")
+
+
+async def blocked_node(
+    api: Api, ns: str, node_factory: Any, pods: int = 2, grace: int = 1
+) -> tuple[str, list[str]]:
+    """A node whose ``pods`` pods are all held by a never-allowing PDB."""
+    (node,) = await node_factory(1)
+    names = [f"db-{i}" for i in range(pods)]
+    for name in names:
+        await bare_pod(api, ns, name, node, labels={"app": "db"}, grace=grace)
+    await running(api, ns, names)
+    await never_allowing_pdb(api, ns, "db-pdb", {"app": "db"}, pods)
+    return node, names
+
+
+# -- the Drained condition, Blocked ---------------------------------------------------
+
+
+async def test_blocked_condition_names_the_pdb_with_its_numbers(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    node, pods = await blocked_node(api, namespace, node_factory)
+    name = await create_nm(api, node)
+    obj = await wait_reason(api, name, "Blocked")
+    cond = drained(obj)
+    assert cond["status"] == "False"
+    held = ", ".join(f"{namespace}/{p}" for p in pods)
+    assert cond["message"] == (
+        f"PodDisruptionBudget {namespace}/db-pdb needs 2 healthy and has 2 "
+        f"(0 disruptions allowed), holding 2 pods: {held}"
+    ), cond
+    shown = await sandbox.kubectl("get", "nm", name, check=True)
+    print(f"kubectl get nm during a blocked drain:\n{shown.stdout}")
+    header, row = shown.stdout.splitlines()[:2]
+    assert header.split()[:5] == ["NAME", "NODE", "PHASE", "PROGRESS", "DRAIN"], header
+    assert row.split()[:5] == [name, node, "Running", "0", "Blocked"], row
+
+    async def gauge() -> float:
+        return await operator.metric("nmo_drain_blocked_seconds", maintenance=name)
+
+    assert await wait_for(gauge, what="nmo_drain_blocked_seconds for the CR") > 0
+    # Relaxing the PDB lets the drain finish: Drained True.
+    await api.merge(
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/db-pdb",
+        {"spec": {"minAvailable": 0}},
+    )
+    done = await wait_phase(api, name, "Succeeded")
+    assert drained(done)["status"] == "True" and drained(done)["reason"] == "Drained"
+    await remove_nm(api, name)
+
+
+# -- deadlines ---------------------------------------------------------------------
+
+
+async def test_timeout_report_keeps_draining(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    node, pods = await blocked_node(api, namespace, node_factory)
+    before = await operator.metric("nmo_drain_timeouts_total", action="Report")
+    name = await create_nm(api, node, {"timeoutSeconds": 3})
+    obj = await wait_reason(api, name, "TimedOut", timeout=30)
+    st = obj["status"]
+    assert (ts(st["drainDeadline"]) - ts(st["drainStartTime"])).total_seconds() == 3
+    assert st["phase"] == "Running"
+    message = drained(obj)["message"]
+    assert message.startswith("drain did not finish within 3s (deadline "), message
+    assert "onTimeout Report: still draining" in message
+    assert f"PodDisruptionBudget {namespace}/db-pdb needs 2 healthy and has 2" in message
+    # Still draining: the pods are there, nothing was deleted.
+    assert sorted(p["metadata"]["name"] for p in await api.pods(namespace)) == pods
+    assert all("deletionTimestamp" not in p["metadata"] for p in await api.pods(namespace))
+
+    async def one_event() -> bool:
+        return len(await api.events(name, "DrainTimedOut")) == 1
+
+    await wait_for(one_event, what="one DrainTimedOut event")
+    assert await operator.metric("nmo_drain_timeouts_total", action="Report") == before + 1
+    # The drain goes on: relaxing the PDB completes it.
+    await api.merge(
+        f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/db-pdb",
+        {"spec": {"minAvailable": 0}},
+    )
+    await wait_phase(api, name, "Succeeded")
+    events = await api.events(name, "DrainTimedOut")
+    assert len(events) == 1 and events[0]["type"] == "Warning", events
+    assert events[0].get("count", 1) == 1
+    await remove_nm(api, name)
+
+
+async def test_timeout_delete_removes_pods_with_their_grace_period(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    (node,) = await node_factory(1)
+    graces = {"db-long": 4, "db-zero": 0}
+    for pod, grace in graces.items():
+        await bare_pod(api, namespace, pod, node, labels={"app": "db"}, grace=grace)
+    await running(api, namespace, list(graces))
+    await never_allowing_pdb(api, namespace, "db-pdb", {"app": "db"}, 2)
+    window = await AuditWindow.open(sandbox)
+    before = await operator.metric("nmo_forced_deletions_total", outcome="deleted")
+    name = await create_nm(api, node, {"timeoutSeconds": 8, "onTimeout": "Delete"})
+    seen: dict[str, tuple[datetime, int]] = {}  # pod -> (deletion requested, grace used)
+
+    async def all_gone() -> bool:
+        for pod in await api.pods(namespace):
+            meta = pod["metadata"]
+            if "deletionTimestamp" in meta and meta["name"] not in seen:
+                grace = int(meta["deletionGracePeriodSeconds"])
+                requested = ts(meta["deletionTimestamp"]).timestamp() - grace
+                seen[meta["name"]] = (datetime.fromtimestamp(requested, UTC), grace)
+        obj = await api.nm(name)
+        return ((obj or {}).get("status") or {}).get("phase") == "Succeeded"
+
+    await wait_for(all_gone, timeout=60, interval=0.1, what="the drain to finish by deletion")
+    obj = await api.nm(name)
+    assert obj is not None
+    deadline = ts(obj["status"]["drainDeadline"])
+    print(f"forced deletions (pod: requested, grace): {seen}; deadline {deadline}")
+    assert set(seen) == set(graces), seen
+    # Own grace period, at least 1 s; never before deadline - grace.
+    assert seen["db-long"][1] == 4 and seen["db-zero"][1] == 1, seen
+    for pod, (requested, grace) in seen.items():
+        earliest = (deadline.timestamp() - grace) - 1.0  # second precision of the stamps
+        assert requested.timestamp() >= earliest, (pod, requested, deadline, grace)
+    events = await api.events(name, "PodForceDeleted")
+    assert sorted(e["message"].split()[4] for e in events) == sorted(
+        f"{namespace}/{p}" for p in graces
+    ), events
+    assert all(e["type"] == "Warning" for e in events)
+    assert await operator.metric("nmo_forced_deletions_total", outcome="deleted") == before + 2
+    # The pods went by DELETE with a UID precondition, never by an accepted eviction.
+    mine = [e for e in nmo_events(await window.close()) if e.on("pods", subresource=None)]
+    deletes = [e for e in mine if e.verb == "delete" and e.code == 200]
+    evictions = [e for e in mine if e.subresource == "eviction" and e.code == 201]
+    assert sorted(e.name for e in deletes) == sorted(graces), show(mine)
+    assert evictions == [], show(evictions)
+    await remove_nm(api, name)
+
+
+async def test_timeout_abort_restores_node_and_fails(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    node, pods = await blocked_node(api, namespace, node_factory)
+    name = await create_nm(api, node, {"timeoutSeconds": 3, "onTimeout": "Abort"})
+    obj = await wait_phase(api, name, "Failed", timeout=30)
+    error = obj["status"]["lastError"]
+    assert error.startswith("drain did not finish within 3s (deadline "), error
+    assert "onTimeout Abort: maintenance aborted, node restored and lease released" in error
+    assert drained(obj)["reason"] == "TimedOut"
+
+    async def restored() -> bool:
+        n = await api.node(node)
+        taints = {t["key"] for t in n["spec"].get("taints") or []}
+        return (
+            not n["spec"].get("unschedulable")
+            and not taints & {"node.kubernetes.io/unschedulable", "medik8s.io/drain"}
+            and "remediation.medik8s.io/exclude-from-remediation" not in n["metadata"]["labels"]
+        )
+
+    await wait_for(restored, what="node restored after abort")
+
+    async def released() -> bool:
+        lease = await api.lease(node)
+        return lease is None or not lease["spec"].get("holderIdentity")
+
+    await wait_for(released, what="lease released after abort")
+    for reason in ("DrainTimedOut", "FailedMaintenance", "UncordonNode"):
+        target = node if reason == "UncordonNode" else name
+        assert len(await api.events(target, reason)) == 1, reason
+    # No pod was removed: the PDB held, and Abort never deletes.
+    assert sorted(p["metadata"]["name"] for p in await api.pods(namespace)) == pods
+    assert all("deletionTimestamp" not in p["metadata"] for p in await api.pods(namespace))
+    await remove_nm(api, name)
+
+
+async def test_deadline_survives_an_operator_kill(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    node, _ = await blocked_node(api, namespace, node_factory)
+    timeout = 12
+    name = await create_nm(api, node, {"timeoutSeconds": timeout})
+    obj = await wait_reason(api, name, "Blocked")
+    start, deadline = ts(obj["status"]["drainStartTime"]), ts(obj["status"]["drainDeadline"])
+    halfway = start.timestamp() + timeout / 2 - time.time()
+    await asyncio.sleep(max(0.0, halfway))  # the clock under test: kill at half the deadline
+    operator.kill()
+    await asyncio.sleep(2)
+    await operator.start()
+    obj = await wait_reason(api, name, "TimedOut", timeout=60)
+    assert ts(obj["status"]["drainStartTime"]) == start
+    assert ts(obj["status"]["drainDeadline"]) == deadline
+    (event,) = await api.events(name, "DrainTimedOut")
+    fired = ts(event.get("eventTime") or event["firstTimestamp"])
+    moved = (fired - deadline).total_seconds()
+    print(f"deadline {deadline}, timed out at {fired}: moved {moved:+.2f}s after a kill at half")
+    assert -1.0 <= moved <= 5.0, moved  # second precision; a pass within a few seconds
+    await remove_nm(api, name)
+
+
+async def test_operator_default_timeout_is_persisted(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    """--drain-timeout applies to CRs without one, and its deadline outlives the flag."""
+    node, _ = await blocked_node(api, namespace, node_factory)
+    saved = list(operator.extra)
+    operator.extra = [*saved, "--drain-timeout", "600", "--drain-on-timeout", "Report"]
+    try:
+        await operator.restart()
+        name = await create_nm(api, node)
+        obj = await wait_reason(api, name, "Blocked")
+        st = obj["status"]
+        assert (ts(st["drainDeadline"]) - ts(st["drainStartTime"])).total_seconds() == 600
+    finally:
+        operator.extra = saved
+        await operator.restart()
+    await wait_for(
+        lambda: _deadline_kept(api, name, st["drainDeadline"]),
+        what="the persisted deadline kept without the flag",
+    )
+    await remove_nm(api, name)
+
+
+async def _deadline_kept(api: Api, name: str, deadline: str) -> bool:
+    obj = await api.nm(name)
+    st = (obj or {}).get("status") or {}
+    return st.get("drainDeadline") == deadline and drained(obj).get("reason") == "Blocked"
+
+
+# -- drain rules -------------------------------------------------------------------
+
+
+async def test_drain_rules_and_pod_selector(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    (node,) = await node_factory(1)
+    web = {"tier": "web"}
+    await bare_pod(api, namespace, "web", node, labels=web)
+    await bare_pod(api, namespace, "web-skip", node, labels={**web, RULE: "skip"})
+    await bare_pod(api, namespace, "web-job", node, labels={**web, RULE: "wait-completed"})
+    await bare_pod(api, namespace, "db", node, labels={"tier": "db"})
+    await running(api, namespace, ["web", "web-skip", "web-job", "db"])
+    window = await AuditWindow.open(sandbox)
+    name = await create_nm(api, node, {"podSelector": {"matchLabels": web}})
+    obj = await wait_reason(api, name, "WaitingForCompletion")
+    st = obj["status"]
+    assert st["pendingPods"] == ["web-job"], st
+    assert st["evictionPods"] == 2, st  # web and web-job; web-skip and db are left alone
+    assert f"{namespace}/web-job" in drained(obj)["message"]
+    (detail,) = st["pendingPodsDetails"]
+    assert detail["reason"] == "WaitingForCompletion", detail
+    # The job completes (as its kubelet would report it): the maintenance finishes.
+    resp = await api.c.patch(
+        f"/api/v1/namespaces/{namespace}/pods/web-job/status",
+        json={"status": {"phase": "Succeeded"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    done = await wait_phase(api, name, "Succeeded")
+    assert drained(done)["status"] == "True"
+    left = {p["metadata"]["name"] for p in await api.pods(namespace)}
+    assert {"web-skip", "db", "web-job"} <= left and "web" not in left, left
+    evicted = sorted(
+        e.name
+        for e in nmo_events(await window.close())
+        if e.on("pods", subresource="eviction") and e.verb == "create"
+    )
+    assert evicted == ["web"], evicted
+    await remove_nm(api, name)
+
+
+async def test_unknown_drain_rule_blocks_instead_of_evicting(
+    operator: Operator, api: Api, namespace: str, node_factory: Any
+) -> None:
+    (node,) = await node_factory(1)
+    await bare_pod(api, namespace, "typo", node, labels={RULE: "skipp"})
+    await running(api, namespace, ["typo"])
+    name = await create_nm(api, node)
+    obj = await wait_reason(api, name, "Blocked")
+    assert "unknown drain rule nodemaintenance.medik8s.io/drain='skipp'" in drained(obj)["message"]
+    assert obj["status"]["pendingPodsDetails"][0]["reason"] == "InvalidDrainRule"
+    # Fixing the label (here: removing it) lets the drain evict it.
+    await api.merge(
+        f"/api/v1/namespaces/{namespace}/pods/typo", {"metadata": {"labels": {RULE: None}}}
+    )
+    await wait_phase(api, name, "Succeeded")
+    await remove_nm(api, name)
+
+
+# -- order -------------------------------------------------------------------------
+
+
+async def test_drain_order_and_critical_pods_last(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    (node,) = await node_factory(1)
+    await bare_pod(api, namespace, "late", node, annotations={ORDER: "1"})
+    await bare_pod(api, namespace, "first", node, grace=2)
+    await bare_pod(api, namespace, "critical", node, priority_class="system-cluster-critical")
+    await bare_pod(api, namespace, "early", node, annotations={ORDER: "-1"}, grace=2)
+    await running(api, namespace, ["late", "first", "critical", "early"])
+    window = await AuditWindow.open(sandbox)
+    name = await create_nm(api, node)
+    await wait_phase(api, name, "Succeeded", timeout=90)
+    events = await window.close()
+    evicted = {
+        e.name: e.received
+        for e in nmo_events(events)
+        if e.on("pods", subresource="eviction") and e.verb == "create" and e.code == 201
+    }
+    # A pod has left the node when the last DELETE (kwok, after the grace period) is logged.
+    left: dict[str, datetime] = {}
+    for e in events:
+        if e.on("pods") and e.verb == "delete" and not e.is_nmo and e.code == 200:
+            left[e.name] = e.received
+    order = sorted(evicted, key=lambda n: evicted[n])
+    print(f"evictions: {[(n, evicted[n].isoformat()) for n in order]}; left: {left}")
+    assert order == ["early", "first", "critical", "late"], order
+    for earlier, later in (("early", "first"), ("first", "critical"), ("critical", "late")):
+        assert evicted[later] >= left[earlier], (earlier, later, evicted, left)
+    await remove_nm(api, name)
+
+
+# -- the schema refuses bad input ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("drain", "needle"),
+    [
+        ({"timeoutSeconds": 0}, "spec.drain.timeoutSeconds"),
+        ({"onTimeout": "Later"}, "spec.drain.onTimeout"),
+    ],
+)
+async def test_schema_refuses_bad_drain_fields(
+    api: Api, node_factory: Any, drain: dict[str, Any], needle: str
+) -> None:
+    (node,) = await node_factory(1)
+    resp = await api.c.post(
+        NM,
+        json={
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": f"nm-{uid()}"},
+            "spec": {"nodeName": node, "drain": drain},
+        },
+    )
+    assert resp.status_code == 422, resp.text
+    assert needle in resp.json()["message"], resp.text
