@@ -73,6 +73,8 @@ EVERYTHING_ON = [
     "--set",
     "metrics.serviceMonitor.enabled=true",
     "--set",
+    "prometheusRule.enabled=true",
+    "--set",
     "networkPolicy.enabled=true",
     "--set",
     "openshift.etcdQuorumGuard=true",

@@ -87,3 +87,14 @@ podAntiAffinity:
           matchLabels:
             {{- include "nmo.selectorLabels" . | nindent 12 }}
 {{- end -}}
+
+{{/* A Prometheus duration ("30m", "1h30m", "2d") as whole seconds. */}}
+{{- define "nmo.durationSeconds" -}}
+{{- $unit := dict "s" 1 "m" 60 "h" 3600 "d" 86400 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+[smhd]" (toString .) -1 -}}
+{{- $u := trimAll "0123456789" . -}}
+{{- $total = add $total (mul (trimSuffix $u . | int64) (get $unit $u)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
