@@ -457,7 +457,7 @@ async def test_drain_order_and_critical_pods_last(
 @pytest.mark.parametrize(
     ("drain", "needle"),
     [
-        ({"timeoutSeconds": 0}, "spec.drain.timeoutSeconds"),
+        ({"timeoutSeconds": -1}, "spec.drain.timeoutSeconds"),
         ({"onTimeout": "Later"}, "spec.drain.onTimeout"),
     ],
 )

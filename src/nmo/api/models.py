@@ -69,9 +69,9 @@ class DrainSpec(_Model):
     timeout_seconds: int | None = Field(
         default=None,
         alias="timeoutSeconds",
-        ge=1,
-        description="Deadline for the drain, in seconds from its start "
-        "(default: the operator's --drain-timeout; none when 0).",
+        ge=0,
+        description="Deadline for the drain, in seconds from its start; 0: no deadline "
+        "(default: the operator's --drain-timeout).",
     )
     on_timeout: OnTimeout | None = Field(
         default=None,

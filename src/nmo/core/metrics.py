@@ -62,6 +62,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        for action in ("Report", "Delete", "Abort"):
+            self.drain_timeouts.labels(action=action)
+        for outcome in ("deleted", "gone", "error"):
+            self.forced_deletions.labels(outcome=outcome)
+        for kind in ("foreign", "api", "renewal"):
+            self.lease_errors.labels(kind=kind)
         self.lease_renewals = Counter(
             "nmo_lease_renewals_total",
             "Background renewals of medik8s node leases.",

@@ -18,8 +18,8 @@ the clocks, and says:
   ``TimedOut``; ``True`` once nothing is pending.
 
 The deadline lives in the CR (:func:`deadline_of`): it is the drain's
-persisted start time plus ``spec.drain.timeoutSeconds``, else the persisted
-deadline, else the start time plus the operator's default. A restart or a
+persisted start time plus ``spec.drain.timeoutSeconds`` (0: none), else the
+persisted deadline, else the start time plus the operator's default. A restart or a
 new leader recomputes exactly the same instant.
 """
 
@@ -81,8 +81,9 @@ def deadline_of(
     start = st.drain_start_time or now
     action = spec.on_timeout if spec is not None and spec.on_timeout is not None else None
     at: datetime | None = None
-    if spec is not None and spec.timeout_seconds:
-        at = start + timedelta(seconds=spec.timeout_seconds)
+    if spec is not None and spec.timeout_seconds is not None:
+        if spec.timeout_seconds > 0:  # 0: no deadline, whatever the operator's default
+            at = start + timedelta(seconds=spec.timeout_seconds)
     elif st.drain_deadline is not None:
         at = st.drain_deadline  # set from the operator's default when the drain started
     elif default_timeout > 0:
