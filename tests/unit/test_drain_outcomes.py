@@ -7,6 +7,7 @@ The evictor records each answer in the pod's drain state; the pure survey
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -165,3 +166,45 @@ async def test_parallelism_is_bounded(api_server: respx.MockRouter, kube: Kube) 
     assert evictor.evictions_started == 6
     assert all(s.evicted for s in record.drain.values())
     assert peak == 2
+
+
+@pytest.mark.parametrize(
+    ("response", "deleted", "outcome", "reason"),
+    [
+        (httpx.Response(200, json={"kind": "Pod"}), True, "deleted", "Terminating"),
+        (httpx.Response(404, json={"message": "not found"}), False, "gone", "Waiting"),
+        # the UID precondition failed: a replacement pod under the same name is left alone
+        (
+            httpx.Response(409, json={"reason": "Conflict", "message": "Precondition failed"}),
+            False,
+            "gone",
+            "Waiting",
+        ),
+        (httpx.Response(403, json={"message": "forbidden"}), False, "error", "EvictionError"),
+    ],
+)
+async def test_forced_deletion_answers(
+    api_server: respx.MockRouter,
+    kube: Kube,
+    response: httpx.Response,
+    deleted: bool,
+    outcome: str,
+    reason: str,
+) -> None:
+    route = api_server.delete("/api/v1/namespaces/ns/pods/p").mock(return_value=response)
+    metrics = Metrics()
+    record = Memory(name="nm-1", node="n1")
+    evictor = Evictor(kube, max_parallel=2, on_change=lambda _n: None, metrics=metrics)
+    assert await evictor.force_delete(record, pod("p", uid="u9"), 0) is deleted
+    sent = route.calls.last.request
+    body = json.loads(sent.content)
+    assert body["gracePeriodSeconds"] == 1  # never 0
+    assert body["preconditions"] == {"uid": "u9"}
+    state = record.drain["ns/p"]
+    assert state.forced is deleted and not state.in_flight
+    assert state.reason == reason
+    assert metrics.forced_deletions.labels(outcome=outcome)._value.get() == 1
+    # Once accepted, never deleted twice.
+    if deleted:
+        assert await evictor.force_delete(record, pod("p", uid="u9"), 30) is False
+        assert route.call_count == 1

@@ -245,3 +245,45 @@ def test_etcd_disruption_first_guard_pod_on_the_node_decides() -> None:
         {**guard("n1", "False"), "metadata": {"name": "z", "labels": GUARD}},
     ]
     assert etcd_disruption_allowed([pdb(0)], pods, "n1") is False
+
+
+def with_selector(expressions: list[Obj]) -> Obj:
+    obj = nm("n1")
+    obj["spec"]["drain"] = {"podSelector": {"matchExpressions": expressions}}
+    return obj
+
+
+BAD_SELECTORS = [
+    pytest.param(
+        [{"key": "tier", "operator": "In"}],
+        "spec.drain.podSelector.matchExpressions[0]: operator In needs at least one value",
+        id="In without values",
+    ),
+    pytest.param(
+        [
+            {"key": "a", "operator": "Exists"},
+            {"key": "tier", "operator": "DoesNotExist", "values": ["x"]},
+        ],
+        "spec.drain.podSelector.matchExpressions[1]: operator DoesNotExist takes no values",
+        id="DoesNotExist with values",
+    ),
+]
+
+
+@pytest.mark.parametrize(("expressions", "message"), BAD_SELECTORS)
+async def test_bad_pod_selector_is_refused_on_create_and_update(
+    expressions: list[Obj], message: str
+) -> None:
+    obj = with_selector(expressions)
+    created = await validate_create(obj, FakeLookups(nodes={"n1": node("n1")}), claimant="u")
+    assert (created.allowed, created.message) == (False, message)
+    updated = validate_update(nm("n1"), obj)
+    assert (updated.allowed, updated.message) == (False, message)
+
+
+async def test_good_pod_selector_is_allowed() -> None:
+    obj = with_selector(
+        [{"key": "tier", "operator": "In", "values": ["web"]}, {"key": "x", "operator": "Exists"}]
+    )
+    decision = await validate_create(obj, FakeLookups(nodes={"n1": node("n1")}), claimant="u")
+    assert decision.allowed
