@@ -410,7 +410,7 @@ async def _metrics_are_guarded(kube: httpx.AsyncClient, op: Operator) -> None:
 async def test_with_nmo_down_creates_fail_closed_but_finalizers_can_be_removed(
     sandbox: Sandbox, kube: httpx.AsyncClient, release: Release, sole_operator: None
 ) -> None:
-    """The chart's matchConditions send only CREATE and nodeName changes to the webhook.
+    """The chart's matchConditions send only CREATE, nodeName and drain changes to the webhook.
 
     With no nmo serving the webhook, a new CR is refused (failurePolicy Fail),
     but removing a stuck finalizer (the guide's section 6, ``nmo cleanup``)
@@ -452,6 +452,12 @@ async def test_with_nmo_down_creates_fail_closed_but_finalizers_can_be_removed(
         return resp.status_code == 500
 
     await wait_for(failing_again, timeout=30, what="failurePolicy Fail to be effective again")
+    # A change of spec.drain is validated (its podSelector), so it fails closed too.
+    drain = {"spec": {"drain": {"timeoutSeconds": 60}}}
+    changed = await kube.patch(
+        f"{NM}/{name}", json=drain, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    assert changed.status_code == 500 and "failed calling webhook" in changed.text, changed.text
     await api.delete(f"{NM}/{name}")
     removed = await api.merge(f"{NM}/{name}", {"metadata": {"finalizers": []}})
     assert removed["metadata"]["name"] == name

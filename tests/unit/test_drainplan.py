@@ -429,3 +429,15 @@ def test_planner_delete_forces_past_the_deadline() -> None:
     )
     assert [(p["metadata"]["name"], g) for p, g in plan.force] == [("db", 30)]
     assert plan.timed_out is OnTimeout.DELETE and not plan.result.terminal
+
+
+def test_an_invalid_selector_blocks_instead_of_leaving_every_pod_alone() -> None:
+    broken = {"matchExpressions": [{"key": "tier", "operator": "In"}]}
+    sel = select_pods([pod("a"), pod("b")], no_ds, broken)
+    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW)
+    assert out.survey.due == [] and len(out.survey.report.pending) == 2
+    assert out.condition.reason == "Blocked"
+    assert (
+        "spec.drain.podSelector.matchExpressions[0]: operator In needs at least one value: "
+        "nothing is evicted until it is fixed" in out.condition.message
+    )

@@ -35,3 +35,17 @@ def selector_matches(
         ):
             return False
     return True
+
+
+def selector_error(selector: Mapping[str, Any] | None, where: str) -> str | None:
+    """What makes ``selector`` invalid (metav1.LabelSelector's rules), if anything:
+    In and NotIn need values, Exists and DoesNotExist take none."""
+    if not isinstance(selector, Mapping):
+        return None
+    for i, expr in enumerate(selector.get("matchExpressions") or []):
+        op, values = expr.get("operator"), expr.get("values") or []
+        if op in ("In", "NotIn") and not values:
+            return f"{where}.matchExpressions[{i}]: operator {op} needs at least one value"
+        if op in ("Exists", "DoesNotExist") and values:
+            return f"{where}.matchExpressions[{i}]: operator {op} takes no values"
+    return None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
-from nmo.core.selectors import selector_matches
+from nmo.core.selectors import selector_error, selector_matches
 
 Obj = Mapping[str, Any]
 
@@ -214,24 +214,14 @@ async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
 def drain_spec_error(obj: Obj) -> str | None:
     """What is wrong with ``spec.drain`` that the CRD schema cannot say, if anything.
 
-    The schema checks types, the onTimeout values and timeoutSeconds >= 1;
+    The schema checks types, the onTimeout values and timeoutSeconds >= 0;
     a label selector's requirements also need values exactly when their
     operator compares against values (metav1.LabelSelector's rule).
     """
     drain = (obj.get("spec") or {}).get("drain")
     if not isinstance(drain, dict):
         return None
-    selector = drain.get("podSelector")
-    if not isinstance(selector, dict):
-        return None
-    for i, expr in enumerate(selector.get("matchExpressions") or []):
-        where = f"spec.drain.podSelector.matchExpressions[{i}]"
-        op, values = expr.get("operator"), expr.get("values") or []
-        if op in ("In", "NotIn") and not values:
-            return f"{where}: operator {op} needs at least one value"
-        if op in ("Exists", "DoesNotExist") and values:
-            return f"{where}: operator {op} takes no values"
-    return None
+    return selector_error(drain.get("podSelector"), "spec.drain.podSelector")
 
 
 async def validate_create(

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.selectors import selector_matches
+from nmo.core.selectors import selector_error, selector_matches
 
 Pod = dict[str, Any]
 
@@ -142,6 +142,9 @@ def select_pods(
     sel = Selection()
     local: list[str] = []
     unmanaged: list[str] = []
+    # An invalid selector (the webhook refuses it; without the webhook it can
+    # be stored) must not leave every pod alone and call the drain done.
+    broken = selector_error(pod_selector, "spec.drain.podSelector")
     for pod in pods:
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
@@ -153,6 +156,9 @@ def select_pods(
             sel.daemonset.append(pod)
             continue
         labels = meta.get("labels") or {}
+        if broken is not None:
+            sel.invalid.append((pod, f"{broken}: nothing is evicted until it is fixed"))
+            continue
         rule = labels.get(c.DRAIN_RULE_LABEL)
         if rule == c.DRAIN_RULE_SKIP or not selector_matches(pod_selector, labels):
             sel.skipped.append(pod)
