@@ -70,6 +70,7 @@ CRITICAL_PRIORITY_CLASSES: Final = ("system-cluster-critical", "system-node-crit
 DEFAULT_GRACE_SECONDS: Final = 30  # a pod's terminationGracePeriodSeconds when unset
 # The status condition nmo maintains (Kubernetes condition type).
 CONDITION_DRAINED: Final = "Drained"
+CONDITION_QUEUED: Final = "Queued"  # held back by the fleet budget or the window
 
 # Install names the troubleshooting guide uses.
 OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"

@@ -18,8 +18,9 @@ from nmo.api import constants as c
 
 
 class Phase(StrEnum):
-    """Maintenance phases, as NMO spells them."""
+    """Maintenance phases, as NMO spells them (Pending is nmo's: queued by the budget)."""
 
+    PENDING = "Pending"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -152,7 +153,17 @@ class Condition(_Model):
 class NodeMaintenanceStatus(_Model):
     """Observed state of the maintenance (NMO's field names)."""
 
-    phase: Phase | None = Field(default=None, description="Running, Succeeded or Failed.")
+    phase: Phase | None = Field(
+        default=None,
+        description="Running, Succeeded or Failed; Pending while the fleet budget or the "
+        "maintenance window holds the maintenance back (nmo addition).",
+    )
+
+    @property
+    def begun(self) -> bool:
+        """nmo has started on the node (or ended): any phase but none or Pending."""
+        return self.phase is not None and self.phase is not Phase.PENDING
+
     drain_progress: int | None = Field(
         default=None, alias="drainProgress", description="Percentage of evicted pods."
     )

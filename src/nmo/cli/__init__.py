@@ -25,6 +25,7 @@ from nmo.api.models import OnTimeout
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
+from nmo.core.maintenance.budget import BudgetSettings, parse_max_unavailable, parse_window
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.metrics import Metrics
 from nmo.webhooks.probes import CheckFailed
@@ -88,6 +89,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="default for spec.drain.onTimeout: Report keeps draining and reports, "
         "Delete deletes the remaining pods (bypassing PDBs), Abort restores the node "
         "and fails the maintenance",
+    )
+    fleet = run.add_argument_group("fleet budget and maintenance window")
+    fleet.add_argument(
+        "--max-parallel-maintenances",
+        type=int,
+        default=_env_int("NMO_MAX_PARALLEL_MAINTENANCES", 0),
+        metavar="N",
+        help="at most N maintenances started at once (0: no limit); the others wait, Pending",
+    )
+    fleet.add_argument(
+        "--max-unavailable",
+        default=os.environ.get("NMO_MAX_UNAVAILABLE", ""),
+        metavar="N|P%%",
+        help="start a maintenance only while fewer nodes than this (a count, or a percentage "
+        "of the nodes, rounded up) are unavailable: unschedulable, NotReady or in maintenance",
+    )
+    fleet.add_argument(
+        "--window-days",
+        default=os.environ.get("NMO_WINDOW_DAYS", ""),
+        metavar="DAYS",
+        help="maintenance window days, e.g. Mon-Fri or Sat,Sun (empty: no window)",
+    )
+    fleet.add_argument("--window-start", default=os.environ.get("NMO_WINDOW_START", "00:00"))
+    fleet.add_argument("--window-end", default=os.environ.get("NMO_WINDOW_END", "00:00"))
+    fleet.add_argument(
+        "--window-timezone",
+        default=os.environ.get("NMO_WINDOW_TIMEZONE", "UTC"),
+        help="IANA time zone of the window, e.g. Europe/Berlin",
+    )
+    fleet.add_argument(
+        "--budget-namespace",
+        default=None,
+        help="namespace of the budget ledger Lease (default: the leader election namespace)",
     )
     le = run.add_argument_group("leader election")
     le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
@@ -159,6 +193,27 @@ class Settings:
     servers: ServerSettings
 
 
+def budget_settings(args: argparse.Namespace) -> BudgetSettings:
+    """The fleet budget from the flags; ValueError says what is wrong."""
+    if args.max_parallel_maintenances < 0:
+        raise ValueError(
+            f"--max-parallel-maintenances must be 0 (no limit) or more "
+            f"(got {args.max_parallel_maintenances})"
+        )
+    if args.max_unavailable:
+        parse_max_unavailable(args.max_unavailable)
+    window = None
+    if args.window_days:
+        window = parse_window(
+            args.window_days, args.window_start, args.window_end, args.window_timezone
+        )
+    return BudgetSettings(
+        max_parallel=args.max_parallel_maintenances,
+        max_unavailable=args.max_unavailable,
+        window=window,
+    )
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     engine = EngineSettings(
         lease_namespace=args.lease_namespace,
@@ -171,6 +226,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         leader_lease_duration=args.leader_lease_duration,
         leader_renew_deadline=args.leader_renew_deadline,
         leader_retry_period=args.leader_retry_period,
+        budget=budget_settings(args),
+        budget_namespace=args.budget_namespace,
         plan=PlanSettings(
             status_interval=args.status_interval,
             drain_timeout=args.drain_timeout,
@@ -208,7 +265,11 @@ async def run(args: argparse.Namespace) -> int:
     if args.drain_timeout < 0:
         log.error("--drain-timeout must be 0 (no deadline) or more (got %d)", args.drain_timeout)
         return 2
-    settings = settings_from(args)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     conn = settings.connection
     try:
         kube = await Kube.connect(

@@ -30,12 +30,14 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.core import slim
+from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, node_path
 from nmo.core.leader import LeaderElector, LeaderSettings
 from nmo.core.lease import LeaseClient
+from nmo.core.maintenance.budget import BudgetSettings, unavailable
 from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import blocked_by
 from nmo.core.maintenance.planner import PlanSettings
@@ -71,6 +73,8 @@ class EngineSettings:
     resync_period: float = 600.0
     identity: str = field(default_factory=default_identity)
     plan: PlanSettings = field(default_factory=PlanSettings)
+    budget: BudgetSettings = field(default_factory=BudgetSettings)
+    budget_namespace: str | None = None  # the ledger's namespace; None: leader election's
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,15 @@ class Engine:
             on_change=self._wake,
             metrics=metrics,
         )
+        self.budget: Budget | None = None
+        if settings.budget.enabled:
+            self.budget = Budget(
+                kube,
+                namespace=settings.budget_namespace or settings.leader_election_namespace,
+                settings=settings.budget,
+                maintenances=self.maintenances,
+                nodes=self.nodes,
+            )
         self.recorder = EventRecorder(kube, instance=settings.identity)
         self.reconciler = Reconciler(
             kube=kube,
@@ -149,6 +162,8 @@ class Engine:
             metrics=metrics,
             watch_pods=self._watch_pods,
             pdbs=self.pdbs,
+            budget=self.budget,
+            wake_queued=self._wake_queued,
             settings=settings.plan,
         )
         self.elector: LeaderElector | None = None
@@ -202,14 +217,28 @@ class Engine:
             # However the CR went (a DELETE event, or missing from a re-list
             # after a watch gap), nothing of it may keep running.
             self.memories.forget(name)
+            self._wake_queued()  # its slot may be free (pruned at the next admission)
             return
         if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
             return  # a status-only change (most often our own write): nothing to do
         self._wake(name)
 
-    def _on_node(self, _event: str, obj: Obj, _old: Obj | None) -> None:
+    def _wake_queued(self) -> None:
+        """A budget slot may be free: every queued CR looks again (oldest first wins)."""
+        if self.budget is None or not self.leading:
+            return
+        for name in self.budget.queued_names():
+            self.queue.add(name)
+
+    def _on_node(self, _event: str, obj: Obj, old: Obj | None) -> None:
         if not self.leading:
             return
+        if (
+            self.budget is not None
+            and self.settings.budget.max_unavailable
+            and (old is None or unavailable(old) != unavailable(obj))
+        ):
+            self._wake_queued()  # the count of unavailable nodes changed
         for nm in self.maintenances.by_index(str(obj["metadata"]["name"])):
             self.queue.add(str(nm["metadata"]["name"]))
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
+from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, KubeError, NotFound
 from nmo.core.events import EventRecorder
@@ -74,6 +75,8 @@ class Reconciler:
         metrics: Metrics,
         watch_pods: Callable[[Memory], None],
         pdbs: Informer | None = None,
+        budget: Budget | None = None,
+        wake_queued: Callable[[], None] = lambda: None,
         settings: planner.PlanSettings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -88,6 +91,8 @@ class Reconciler:
         self.metrics = metrics
         self.watch_pods = watch_pods
         self.pdbs = pdbs
+        self.budget = budget
+        self.wake_queued = wake_queued  # a budget slot was freed: look at the queue again
         self.settings = settings or planner.PlanSettings()
         self.clock = clock
 
@@ -100,6 +105,9 @@ class Reconciler:
         nm = NodeMaintenance.from_api(raw)
         record = self.memories.recall(name, nm.spec.node_name)
         observed = await self.observe(nm, record)
+        if self._wants_admission(observed):
+            assert self.budget is not None
+            observed = replace(observed, admission=await self.budget.admit(nm))
         plan = planner.plan(observed, self.settings)
         return await self.apply(raw, observed, plan, record)
 
@@ -132,6 +140,18 @@ class Reconciler:
             now=self.clock(),
             tick=asyncio.get_running_loop().time(),
             pdbs=self._pdbs(record),
+        )
+
+    def _wants_admission(self, obs: Observed) -> bool:
+        """A CR the budget decides on: not begun, not deleted, and not about to fail
+        (a missing node or an older CR for its node fail it without a slot)."""
+        nm = obs.nm
+        return (
+            self.budget is not None
+            and not nm.status.begun
+            and nm.metadata.deletion_timestamp is None
+            and obs.node is not None
+            and planner.older_duplicate(nm, obs.others) is None
         )
 
     def _pdbs(self, record: Memory) -> dict[str, Obj]:
@@ -329,6 +349,13 @@ class Reconciler:
             record.stop()
         elif plan.work is Work.FORGET:
             self.memories.forget(nm.metadata.name)
+        # Let go or failed (its node restored): the budget slot is free again.
+        if (
+            self.budget is not None
+            and plan.work in (Work.STOP, Work.FORGET)
+            and await self.budget.release(nm.metadata.name)
+        ):
+            self.wake_queued()
 
     # -- writes ------------------------------------------------------------
     async def _confirmed(self, nm: NodeMaintenance) -> bool:

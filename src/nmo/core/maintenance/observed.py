@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, OnTimeout
+from nmo.core.maintenance.budget import Admission
 from nmo.core.maintenance.drainstate import PodDrainState
 
 Obj = dict[str, Any]
@@ -43,6 +44,7 @@ class Observed:
     now: datetime  # wall clock (status times)
     tick: float  # event loop clock (backoff deadlines)
     pdbs: Mapping[str, Obj] = field(default_factory=dict)  # "ns/name" -> PDBs drain states name
+    admission: Admission | None = None  # the fleet budget's answer (None: no budget applies)
 
 
 class LeaseStep(enum.Enum):
@@ -56,6 +58,7 @@ class Work(enum.Enum):
     """What happens to the maintenance's background work after the pass."""
 
     RUN = "run"  # pod watch (and, once the lease is held, its renewer) running
+    QUEUED = "queued"  # held back by the budget: nothing runs for it yet
     STOP = "stop"  # terminal: stop drain, renewer and pod watch, keep the record
     FORGET = "forget"  # the CR is gone or let go: forget the record
 

@@ -31,13 +31,14 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.api.models import (
+    ConditionStatus,
     NodeMaintenance,
     NodeMaintenanceStatus,
     OnTimeout,
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import drainplan
+from nmo.core.maintenance import budget, drainplan
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import pods as podselect
 from nmo.core.maintenance import transitions as status
@@ -64,6 +65,7 @@ class PlanSettings:
     rewrite_after: float = 60.0  # a pruned status is rewritten at most this often
     drain_timeout: int = 0  # operator default for spec.drain.timeoutSeconds (0: none)
     on_timeout: OnTimeout = OnTimeout.REPORT  # operator default for spec.drain.onTimeout
+    queue_recheck: float = 30.0  # a queued CR is looked at again at least this often
 
 
 SETTINGS = PlanSettings()
@@ -71,7 +73,7 @@ SETTINGS = PlanSettings()
 
 def rank(nm: NodeMaintenance) -> tuple[int, datetime, str]:
     """Who owns a node among its CRs: started first, then oldest, then name (B8)."""
-    started = 0 if nm.status.phase is not None else 1
+    started = 0 if nm.status.begun else 1
     created = nm.metadata.creation_timestamp or datetime.max.replace(tzinfo=UTC)
     return (started, created, nm.metadata.name)
 
@@ -139,7 +141,7 @@ def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
         meta["ownerReferences"] = [*others, ref]
     if c.PRIOR_STATE_ANNOTATION not in nm.metadata.annotations:
         prior = nodeplan.prior_state(node)
-        if nm.status.phase is not None and nm.status.phase is not Phase.FAILED:
+        if nm.status.begun and nm.status.phase is not Phase.FAILED:
             prior = nodeplan.PriorState()  # adopted from the Go NMO: it recorded none
         meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
     return meta
@@ -156,7 +158,7 @@ def _selection(obs: Observed, pods: tuple[Obj, ...]) -> podselect.Selection:
 def _started(obs: Observed) -> NodeMaintenanceStatus:
     """The status with the drain's starting figures once the pods are known (A2.2)."""
     st = obs.nm.status
-    if st.phase is not None or obs.pods is None:
+    if st.begun or obs.pods is None:
         return st
     selection = _selection(obs, obs.pods)
     refs = [
@@ -184,6 +186,8 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     st = nm.status
     if st.phase is Phase.FAILED:
         return Plan(work=Work.STOP, result=TERMINAL)  # node missing, duplicate, or lease lost
+    if obs.admission is not None and not obs.admission.admit:
+        return _queued(obs, obs.admission, settings)
     meta: dict[str, Any] = {}
     events: list[Emit] = []
     notes: list[str] = []
@@ -220,6 +224,15 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
     st = _started(obs)
+    if obs.admission is not None:
+        st = status.with_condition(
+            st,
+            type_=c.CONDITION_QUEUED,
+            state=ConditionStatus.FALSE,
+            reason=budget.REASON_ADMITTED,
+            message="admitted by the fleet budget",
+            now=now,
+        )
     if lease is not LeaseStep.NONE:
         st = status.lease_ok(st)
     node_patch = nodeplan.enter_patch(obs.node)
@@ -237,7 +250,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             result=Result(requeue_after=settings.pods_wait),
         )
     selection = _selection(obs, obs.pods)
-    if nm.status.phase is None:
+    if not nm.status.begun:
         notes.extend(f"drain of node {node_name}: {w}" for w in selection.warnings)
     deadline = drainplan.deadline_of(
         nm, now, default_timeout=settings.drain_timeout, default_action=settings.on_timeout
@@ -282,12 +295,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
     write = _status_write(obs, new, settings)
     ago = obs.recall.status_written_ago
-    if (
-        write is not None
-        and nm.status.phase is not None
-        and ago is not None
-        and ago < settings.status_interval
-    ):
+    if write is not None and nm.status.begun and ago is not None and ago < settings.status_interval:
         # Progress is written at most once per interval; come back for it.
         write = None
         later = settings.status_interval - ago
@@ -307,6 +315,31 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         result=result,
         drain_pending=len(report.pending),
         timed_out=deadline.action if reached and write is not None else None,
+    )
+
+
+def _queued(obs: Observed, admission: budget.Admission, settings: PlanSettings) -> Plan:
+    """Held back by the budget or the window: Pending, a Queued condition, nothing else."""
+    nm = obs.nm
+    st = status.with_condition(
+        nm.status.model_copy(update={"phase": Phase.PENDING}),
+        type_=c.CONDITION_QUEUED,
+        state=ConditionStatus.TRUE,
+        reason=admission.reason,
+        message=admission.message,
+        now=obs.now,
+    )
+    if status.differs(nm.status, st):
+        st = st.model_copy(update={"last_update": obs.now})
+    wait = settings.queue_recheck
+    if admission.retry_after is not None:
+        wait = min(wait, admission.retry_after)
+    changed = nm.status.phase is not Phase.PENDING
+    return Plan(
+        status=_status_write(obs, st, settings),
+        work=Work.QUEUED,
+        result=Result(requeue_after=wait),
+        notes=(f"maintenance {nm.metadata.name} queued: {admission.message}",) if changed else (),
     )
 
 
@@ -346,7 +379,7 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
     """
     st = _started(obs)
     begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
-    if st.phase is None:
+    if not st.begun:
         # The node's pods are not known yet: the error is recorded with the
         # starting figures (phase Running) once its pod watch has synced.
         return Plan(events=begun, result=Result(requeue_after=SETTINGS.pods_wait))

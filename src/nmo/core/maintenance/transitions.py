@@ -32,8 +32,8 @@ def progress(eviction_pods: int, pending: int) -> int:
 def first_pass(
     status: NodeMaintenanceStatus, *, pending: list[PodReference], total_pods: int, now: datetime
 ) -> NodeMaintenanceStatus:
-    """Phase empty -> Running with the drain's starting figures (A2.2)."""
-    if status.phase is not None:
+    """Phase empty (or Pending) -> Running with the drain's starting figures (A2.2)."""
+    if status.begun:
         return status
     return status.model_copy(
         update={

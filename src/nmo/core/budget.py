@@ -1,0 +1,198 @@
+"""The fleet budget's ledger: which maintenances are admitted, race-free.
+
+The ledger is one coordination Lease, ``nmo-maintenance-budget`` in the
+leader election namespace (RBAC the chart already grants), whose
+annotation ``nodemaintenance.medik8s.io/admitted`` holds the admitted CRs
+as JSON (name -> uid and node). Every admission reads it afresh and
+writes it back with its resourceVersion (compare-and-swap); a conflict
+means someone else wrote in between (another pass of this process is
+excluded by a lock, so: another replica, e.g. an old leader still
+finishing a pass), and the decision is taken again on what they wrote. So
+the budget holds whatever the timing, across replicas and leader changes.
+
+A maintenance leaves the ledger when its CR is let go (deleted) or fails
+(a Failed maintenance has its node restored). An entry whose CR vanished
+without that (force-deleted while nmo was down) is pruned at the next
+admission, once a live GET confirms the CR is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from nmo.api.models import NodeMaintenance, Phase
+from nmo.core.errors import Conflict, KubeError, NotFound
+from nmo.core.kube import Kube, api_path, nm_path
+from nmo.core.maintenance import budget as rules
+from nmo.core.maintenance.budget import Admission, BudgetSettings
+from nmo.core.watch import Informer
+
+log = logging.getLogger("nmo.budget")
+
+LEDGER_NAME = "nmo-maintenance-budget"
+ANNOTATION = "nodemaintenance.medik8s.io/admitted"
+Obj = dict[str, Any]
+
+
+class LedgerContention(KubeError):
+    """The ledger kept changing under us: retry the pass."""
+
+
+class Budget:
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        settings: BudgetSettings,
+        maintenances: Informer,
+        nodes: Informer,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.settings = settings
+        self.maintenances = maintenances
+        self.nodes = nodes
+        self.clock = clock
+        self._lock = asyncio.Lock()
+        self.admitted_count = 0  # for metrics: entries after the last read or write
+
+    @property
+    def path(self) -> str:
+        return api_path(
+            "coordination.k8s.io/v1", "leases", namespace=self.namespace, name=LEDGER_NAME
+        )
+
+    async def _read(self) -> tuple[dict[str, dict[str, str]], Obj | None]:
+        try:
+            lease = await self.kube.get(self.path)
+        except NotFound:
+            return {}, None
+        raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION) or "{}"
+        try:
+            entries = json.loads(raw)
+        except ValueError:
+            log.error("budget ledger %s/%s is not JSON: starting it afresh", self.namespace, raw)
+            entries = {}
+        return {str(k): dict(v) for k, v in entries.items() if isinstance(v, dict)}, lease
+
+    async def _write(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
+        annotations = {ANNOTATION: json.dumps(dict(sorted(entries.items())), sort_keys=True)}
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": LEDGER_NAME,
+                    "namespace": self.namespace,
+                    "annotations": annotations,
+                },
+                "spec": {},
+            }
+            await self.kube.request(
+                "POST",
+                api_path("coordination.k8s.io/v1", "leases", namespace=self.namespace),
+                body=body,
+            )
+        else:
+            meta = dict(lease["metadata"])
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+            # PUT with the resourceVersion read: the compare-and-swap.
+            await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
+        self.admitted_count = len(entries)
+
+    def _running(self) -> dict[str, str]:
+        """CRs the cache shows begun and not failed (adopted ones count too)."""
+        out: dict[str, str] = {}
+        for obj in self.maintenances.store.values():
+            nm = NodeMaintenance.from_api(obj)
+            if nm.status.begun and nm.status.phase is not Phase.FAILED:
+                out[nm.metadata.name] = nm.spec.node_name
+        return out
+
+    def _queue(self) -> list[NodeMaintenance]:
+        out = []
+        for obj in self.maintenances.store.values():
+            nm = NodeMaintenance.from_api(obj)
+            if not nm.status.begun and nm.metadata.deletion_timestamp is None:
+                out.append(nm)
+        return out
+
+    def queued_names(self) -> list[str]:
+        return [nm.metadata.name for nm in self._queue()]
+
+    async def _prune(self, entries: dict[str, dict[str, str]]) -> bool:
+        """Drop entries whose CR failed or is confirmed gone; True if any was dropped."""
+        dropped = False
+        for name, entry in list(entries.items()):
+            cached = self.maintenances.get(name)
+            if cached is not None:
+                if (cached.get("status") or {}).get("phase") == Phase.FAILED.value:
+                    entries.pop(name)
+                    dropped = True
+                continue
+            try:
+                live = await self.kube.get(nm_path(name))
+            except NotFound:
+                live = None
+            if live is None or live["metadata"].get("uid") != entry.get("uid"):
+                log.info("budget: %s is gone, its slot is free again", name)
+                entries.pop(name)
+                dropped = True
+        return dropped
+
+    async def admit(self, nm: NodeMaintenance) -> Admission:
+        """Admit ``nm`` if the budget and the window allow it, persisting the admission."""
+        name = nm.metadata.name
+        async with self._lock:
+            for _ in range(10):
+                entries, lease = await self._read()
+                if name in entries:
+                    return Admission(True, rules.REASON_ADMITTED, "admitted")
+                pruned = await self._prune(entries)
+                admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}
+                admitted.pop(name, None)
+                seen = rules.fleet(admitted, self._queue(), self.nodes.store)
+                decision = rules.decide(nm, seen, self.settings, self.clock())
+                if decision.admit:
+                    entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
+                elif not pruned:
+                    self.admitted_count = len(entries)
+                    return decision
+                try:
+                    await self._write(entries, lease)
+                except Conflict:  # someone wrote in between: decide again on what they wrote
+                    continue
+                if decision.admit:
+                    log.info(
+                        "budget: maintenance %s admitted (%d in the ledger)",
+                        name,
+                        len(entries),
+                        extra={"maintenance": name},
+                    )
+                return decision
+        raise LedgerContention(f"the budget ledger {LEDGER_NAME} kept changing; retrying")
+
+    async def release(self, name: str) -> bool:
+        """Free the maintenance's slot; True if it held one."""
+        async with self._lock:
+            for _ in range(10):
+                entries, lease = await self._read()
+                if name not in entries:
+                    return False
+                entries.pop(name)
+                try:
+                    await self._write(entries, lease)
+                except Conflict:
+                    continue
+                log.info(
+                    "budget: maintenance %s left the ledger", name, extra={"maintenance": name}
+                )
+                return True
+        raise LedgerContention(f"the budget ledger {LEDGER_NAME} kept changing; retrying")
