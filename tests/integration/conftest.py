@@ -98,7 +98,7 @@ async def node_factory(sandbox: Sandbox) -> AsyncIterator[NodeFactory]:
 
 
 # The session's nmo process (see operator_fixtures.py).
-from operator_fixtures import operator  # noqa: E402, F401
+from operator_fixtures import operator, sole_operator  # noqa: E402, F401
 
 
 @pytest.hookimpl(hookwrapper=True)

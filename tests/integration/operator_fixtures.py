@@ -205,3 +205,16 @@ async def wait_for(
             return last
         await asyncio.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what or check}; last value: {last!r}")
+
+
+@pytest.fixture
+async def sole_operator() -> AsyncIterator[None]:
+    """Stop the session's nmo (if running) so that only the test's own nmo reconciles."""
+    running = [op for op in CURRENT if op.proc is not None and op.proc.poll() is None]
+    for op in running:
+        op.kill(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        for op in running:
+            await op.start()

@@ -211,19 +211,6 @@ async def release(
         await sandbox.kubectl("delete", "namespace", NS, "--wait=false", "--ignore-not-found")
 
 
-@pytest.fixture
-async def sole_operator() -> AsyncIterator[None]:
-    """Stop the session's nmo (if running) so that only this module's nmo reconciles."""
-    running = [op for op in CURRENT if op.proc is not None and op.proc.poll() is None]
-    for op in running:
-        op.kill(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        for op in running:
-            await op.start()
-
-
 # -- the installed chart ---------------------------------------------------------
 
 

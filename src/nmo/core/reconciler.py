@@ -108,6 +108,8 @@ class Reconciler:
         if self._wants_admission(observed):
             assert self.budget is not None
             observed = replace(observed, admission=await self.budget.admit(nm))
+            if observed.admission is not None and observed.admission.admit:
+                self.wake_queued()  # the queue moved: the others' positions change
         plan = planner.plan(observed, self.settings)
         return await self.apply(raw, observed, plan, record)
 

@@ -7,9 +7,10 @@ a ledger that every admission updates with a compare-and-swap
 (:mod:`nmo.core.budget`), so the decision below is always taken on the
 latest ledger, by one process at a time, whatever the timing.
 
-:func:`decide` admits a queued CR only when, taking the queue in creation
-order (oldest first, then name), every CR ahead of it fits too: a strict
-FIFO, so queued CRs start in creation order. A CR fits when
+:func:`decide` admits only the head of the queue (creation order: oldest
+first, then name): a strict FIFO, so queued CRs start in creation order;
+each admission wakes the queue, so the next head follows at once. Taking
+the queue in order, a CR fits when
 
 * fewer than ``--max-parallel-maintenances`` maintenances are admitted, and
 * its node is already unavailable, or fewer than ``--max-unavailable``
@@ -38,6 +39,7 @@ REASON_ADMITTED = "Admitted"
 REASON_BUDGET = "BudgetExhausted"
 REASON_UNAVAILABLE = "MaxUnavailable"
 REASON_WINDOW = "OutsideWindow"
+REASON_ORDER = "WaitingForOlder"  # it fits, but older CRs start first
 
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _HHMM = re.compile(r"^([01]\d|2[0-3]):([0-5]\d)$")
@@ -249,8 +251,19 @@ def decide(
                 position,
                 len(queue),
             )
+        if ahead.metadata.name == name:
+            if position == 1:
+                return Admission(True, REASON_ADMITTED, "admitted")
+            # It fits, but older CRs start first: each admission wakes the next.
+            return Admission(
+                False,
+                REASON_ORDER,
+                f"{where}: starting after the {position - 1} older "
+                f"maintenance{'s' if position > 2 else ''} ahead of it",
+                position,
+                len(queue),
+                retry_after=1.0,
+            )
         running += 1
         out.add(node)
-        if ahead.metadata.name == name:
-            return Admission(True, REASON_ADMITTED, "admitted")
     raise AssertionError("the candidate is in its own queue")  # pragma: no cover
