@@ -57,7 +57,9 @@ def _non_negative(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Node maintenance from kubectl: status, plan, start, stop, cleanup."
+    )
     _global(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
