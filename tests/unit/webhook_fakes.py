@@ -50,6 +50,8 @@ class FakeLookups:
     failing: set[str] = field(default_factory=set)
     claims: dict[str, str] = field(default_factory=dict)
     pod_queries: int = 0
+    node_pods: list[Obj] = field(default_factory=list)  # every pod, filtered by spec.nodeName
+    node_pdbs: list[Obj] = field(default_factory=list)
 
     def _maybe_fail(self, what: str) -> None:
         if what in self.failing:
@@ -85,3 +87,8 @@ class FakeLookups:
         self._maybe_fail("pods")
         self.pod_queries += 1
         return self.pods
+
+    async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
+        self._maybe_fail("budgets")
+        pods = [p for p in self.node_pods if (p.get("spec") or {}).get("nodeName") == node_name]
+        return pods, self.node_pdbs

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         from nmo.cli import sandbox
 
         return sandbox.main(args)
-    if args.command in ("gather", "cleanup", "status"):
+    if args.command in ("gather", "cleanup", "status", "plan"):
         from nmo.cli import ops as ops_cli
 
         return ops_cli.main(args)

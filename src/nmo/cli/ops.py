@@ -1,8 +1,9 @@
-"""CLI glue for the operations toolkit: ``nmo gather``, ``nmo cleanup``, ``nmo status``.
+"""CLI glue for the operations toolkit: ``nmo gather``, ``cleanup``, ``status``, ``plan``.
 
 Parses flags, connects, asks for confirmation and prints; the decisions and
 the I/O live in :mod:`nmo.ops`. Exit codes: 0 done (or nothing to do), 1 an
-error or a refusal, 2 bad usage.
+error or a refusal, 2 bad usage; ``nmo plan`` also exits 3 when a drain
+would be blocked right now (:data:`EXIT_BLOCKED`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,12 +23,16 @@ from rich.live import Live
 from nmo.api import constants as c
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.kube import Kube, RetryPolicy
+from nmo.core.selectors import parse_selector
 from nmo.ops import cleanup as cl
+from nmo.ops import preflight as pf
 from nmo.ops import summary as st
 from nmo.ops.bundle import Item, parse_duration
 from nmo.ops.gather import Gatherer, GatherSettings, Unreachable
+from nmo.ops.observe import NodeMissing, plan_node
 
-COMMANDS = ("gather", "cleanup", "status")
+COMMANDS = ("gather", "cleanup", "status", "plan")
+EXIT_BLOCKED = 3  # nmo plan: some node's drain would be blocked right now
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -70,6 +76,29 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("-o", "--output", choices=["text", "json"], default="text")
     _connection(s)
 
+    p = sub.add_parser(
+        "plan",
+        help="preflight: what a maintenance of NODE would evict, skip and wait on, "
+        "and which PodDisruptionBudgets would block it now",
+        description="Changes nothing. Exit codes: 0 nothing blocks, 3 a drain would be "
+        "blocked right now (a PodDisruptionBudget allowing no disruption, a pod under two "
+        "PDBs, an unknown drain rule), 1 an error such as a missing node.",
+    )
+    add_plan_arguments(p)
+    _connection(p)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("nodes", nargs="+", metavar="NODE")
+    p.add_argument(
+        "--pod-selector",
+        default=None,
+        metavar="SELECTOR",
+        help="evict only the pods matching this label selector, as spec.drain.podSelector "
+        "would (kubectl -l syntax, e.g. 'app=web,tier!=db')",
+    )
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
 
 def main(args: argparse.Namespace) -> int:
     try:
@@ -82,12 +111,14 @@ def main(args: argparse.Namespace) -> int:
                 print("nmo status: give NAME or --node, not both", file=sys.stderr)
                 return 2
             return asyncio.run(status(args))
+        if args.command == "plan":
+            return asyncio.run(plan(args))
     except KeyboardInterrupt:
         return 130
     return 2
 
 
-async def _connect(args: argparse.Namespace, err: Console) -> Kube | None:
+async def connect(args: argparse.Namespace, err: Console) -> Kube | None:
     try:
         return await Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
     except Exception as exc:
@@ -112,7 +143,7 @@ async def gather(args: argparse.Namespace) -> int:
     except ValueError as exc:
         err.print(f"[red]error:[/] --since: {exc}")
         return 2
-    kube = await _connect(args, err)
+    kube = await connect(args, err)
     if kube is None:
         return 1
     kube.retry = RetryPolicy(attempts=3, base_delay=0.2, max_delay=2.0)
@@ -173,7 +204,7 @@ def _confirm(out: Console, yes: bool) -> bool | None:
 async def cleanup(args: argparse.Namespace) -> int:
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    kube = await _connect(args, err)
+    kube = await connect(args, err)
     if kube is None:
         return 1
     try:
@@ -251,12 +282,12 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
 
 async def status(args: argparse.Namespace) -> int:
     err = Console(stderr=True, highlight=False)
-    kube = await _connect(args, err)
+    kube = await connect(args, err)
     if kube is None:
         return 1
     try:
         if args.watch:
-            return await _watch(kube, args, err)
+            return await watch_status(kube, args, err)
         summaries = await _summaries(kube, args)
         now = datetime.now(UTC)
         if args.output == "json":
@@ -281,8 +312,18 @@ async def _summaries(kube: Kube, args: argparse.Namespace) -> list[st.Obj]:
     )
 
 
-async def _watch(kube: Kube, args: argparse.Namespace, err: Console) -> int:
-    """Poll every second; redraw (text) or print one JSON line per change (json)."""
+Done = Callable[[list[st.Obj]], int | None]
+
+
+async def watch_status(
+    kube: Kube, args: argparse.Namespace, err: Console, done: Done | None = None
+) -> int:
+    """Poll every second; redraw (text) or print one JSON line per change (json).
+
+    ``done`` ends the watch with its exit code once it returns one (``kubectl
+    nm start --wait``); without it the watch runs until Ctrl-C or the CR is
+    deleted.
+    """
     as_json = args.output == "json"
     live = None if as_json else Live(st.render([], datetime.now(UTC)), auto_refresh=False)
     last: list[st.Obj] | None = None
@@ -304,7 +345,45 @@ async def _watch(kube: Kube, args: argparse.Namespace, err: Console) -> int:
             elif summaries != last:
                 print(json.dumps(st.document(summaries, now)), flush=True)
             last = summaries
+            if done is not None and (code := done(summaries)) is not None:
+                return code
             await asyncio.sleep(1)
     finally:
         if live is not None:
             live.stop()
+
+
+# -- plan ----------------------------------------------------------------------
+
+
+async def plan(args: argparse.Namespace) -> int:
+    """``nmo plan NODE...``: 0 nothing blocks, 3 a drain would be blocked now, 1 an error."""
+    err = Console(stderr=True, highlight=False)
+    selector = None
+    if args.pod_selector is not None:
+        try:
+            selector = parse_selector(args.pod_selector)
+        except ValueError as exc:
+            err.print(f"[red]error:[/] --pod-selector: {exc}")
+            return 2
+    kube = await connect(args, err)
+    if kube is None:
+        return 1
+    results: list[pf.Preflight] = []
+    errors: dict[str, str] = {}
+    try:
+        for node in dict.fromkeys(args.nodes):
+            try:
+                results.append(await plan_node(kube, node, selector))
+            except (NodeMissing, KubeError) as exc:
+                errors[node] = str(exc)
+                err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+    finally:
+        await kube.close()
+    if args.output == "json":
+        print(json.dumps(pf.document(results, errors, datetime.now(UTC)), indent=2))
+    else:
+        print("\n\n".join(pf.render(p) for p in results))
+    if errors:
+        return 1
+    return EXIT_BLOCKED if any(p.blocked for p in results) else 0

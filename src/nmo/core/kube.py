@@ -11,6 +11,10 @@ Requests are made with ``raise_for_status=False`` on purpose: kr8s answers a
 401/403 by re-authenticating and recreating the shared client, which would
 kill every open watch; a 403 is often a normal answer for nmo (an eviction in
 a terminating namespace), so nmo reads the status code itself.
+
+The API's ``Warning`` headers (deprecations, admission webhook warnings) are
+handed to :attr:`Kube.on_warning` when a caller sets it, as kubectl prints
+them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +67,17 @@ def parse_retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+_WARNING = re.compile(r'\d{3}\s+\S+\s+"((?:[^"\\]|\\.)*)"')
+
+
+def parse_warning(value: str) -> str:
+    """The text of a ``Warning: 299 - "text"`` header (RFC 7234); the raw value otherwise."""
+    match = _WARNING.match(value.strip())
+    if match is None:
+        return value.strip()
+    return re.sub(r"\\(.)", r"\1", match.group(1))
 
 
 def api_path(
@@ -154,6 +170,7 @@ class Kube:
         self.retry = retry or RetryPolicy()
         self._slots = asyncio.Semaphore(max_in_flight)
         self.requests_total = 0
+        self.on_warning: Callable[[str], None] | None = None
 
     @classmethod
     async def connect(
@@ -249,6 +266,9 @@ class Kube:
                 async with self._api.call_api(
                     method, version="", base=base, url=url, raise_for_status=False, **kwargs
                 ) as response:
+                    if self.on_warning is not None:
+                        for value in response.headers.get_list("warning"):
+                            self.on_warning(parse_warning(value))
                     return _decode(response)
             except (httpx.TransportError, kr8s.APITimeoutError) as exc:
                 raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}") from exc

@@ -13,7 +13,8 @@ was expected when a review is about anything but a NodeMaintenance;
 :func:`review_response`
 always produces ``apiVersion``, ``kind``, ``response.uid``, ``response.allowed``
 and, for denials, ``status {code, reason, message}`` as controller-runtime
-does (403 Forbidden for a rule, 400 BadRequest for an unusable request).
+does (403 Forbidden for a rule, 400 BadRequest for an unusable request);
+``response.warnings`` only when the decision carries some.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class AdmissionResponse(_Model):
     uid: str
     allowed: bool
     status: ResponseStatus | None = None
+    warnings: list[str] | None = None
 
 
 class AdmissionReviewResponse(_Model):
@@ -195,6 +197,11 @@ def review_response(
         )
     answer = AdmissionReviewResponse(
         api_version=api_version,
-        response=AdmissionResponse(uid=uid, allowed=decision.allowed, status=status),
+        response=AdmissionResponse(
+            uid=uid,
+            allowed=decision.allowed,
+            status=status,
+            warnings=list(decision.warnings) or None,
+        ),
     )
     return answer.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -212,7 +212,15 @@ def _log_decision(request: AdmissionRequest, decision: Decision) -> None:
         "dry_run": request.dry_run,
         "result": decision.result,
     }
-    if decision.allowed:
+    if decision.allowed and decision.warnings:
+        log.info(
+            "maintenance %s for node %s allowed with warnings: %s",
+            request.operation,
+            node,
+            "; ".join(decision.warnings),
+            extra={**extra, "warnings": list(decision.warnings)},
+        )
+    elif decision.allowed:
         log.info("maintenance %s for node %s allowed", request.operation, node, extra=extra)
     else:
         log.info(

@@ -21,6 +21,11 @@ Guarantees:
 * The etcd guard PDB and pods are read fresh (two small LISTs in
   ``openshift-etcd``, only for control-plane nodes on OpenShift), because a
   stale answer there could break etcd quorum.
+* The admission warnings' pods and PDBs are read fresh too, never cached
+  (the memory of a cache of every pod would grow with the cluster): one LIST
+  of the node's pods by field selector, then the PDBs of their namespaces
+  (one LIST each, or one cluster-wide LIST past :data:`MAX_PDB_NAMESPACES`),
+  all within ``budget_timeout``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ Handler = Callable[[str, Obj, Obj | None], None]
 
 NODES_PATH = node_path()
 MAINTENANCES_PATH = nm_path()
+PODS_PATH = api_path("v1", "pods")
+PDBS_PATH = api_path("policy/v1", "poddisruptionbudgets")
+MAX_PDB_NAMESPACES = 8  # beyond this many namespaces, one cluster-wide PDB LIST is cheaper
 
 
 class KubeClient(Protocol):
@@ -77,6 +85,7 @@ class LookupSettings:
     claim_ttl: float = 30.0
     sync_timeout: float = 5.0
     request_timeout: float = 4.0
+    budget_timeout: float = 2.0  # all the reads of the admission warnings together
 
 
 @dataclass
@@ -244,6 +253,37 @@ class ClusterLookups:
         if query:
             params["labelSelector"] = query
         return await self._list(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE), params)
+
+    async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
+        try:
+            return await asyncio.wait_for(
+                self._node_budgets(node_name), self.settings.budget_timeout
+            )
+        except TimeoutError as exc:
+            raise LookupFailed(
+                f"pods and PodDisruptionBudgets not read within {self.settings.budget_timeout:g}s"
+            ) from exc
+
+    async def _node_budgets(self, node_name: str) -> tuple[list[Obj], list[Obj]]:
+        pods = await self._list(PODS_PATH, {"fieldSelector": f"spec.nodeName={node_name}"})
+        namespaces = sorted({str((p.get("metadata") or {}).get("namespace", "")) for p in pods})
+        if not namespaces:
+            return pods, []
+        if len(namespaces) > MAX_PDB_NAMESPACES:
+            wanted = set(namespaces)
+            pdbs = [
+                b
+                for b in await self._list(PDBS_PATH)
+                if (b.get("metadata") or {}).get("namespace") in wanted
+            ]
+            return pods, pdbs
+        pages = await asyncio.gather(
+            *(
+                self._list(api_path("policy/v1", "poddisruptionbudgets", namespace=ns))
+                for ns in namespaces
+            )
+        )
+        return pods, [b for page in pages for b in page]
 
 
 def selector_query(selector: Mapping[str, Any] | None) -> str:

@@ -18,17 +18,26 @@ Guarantees:
   claim is released again whenever this function ends up denying, so a denied
   create never blocks a later one.
 * UPDATE refuses a changed ``spec.nodeName``; everything else is allowed.
+* An admitted CREATE (dry run or not) carries admission warnings when a
+  PodDisruptionBudget covering a pod the drain would evict allows no
+  disruption right now (:func:`budget_warnings`); finding out never refuses
+  the CREATE: a failed or slow lookup means no warning, and is logged.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
+from nmo.core.maintenance.budgets import budgets_for, disruption_warnings
+from nmo.core.maintenance.pods import select_pods
 from nmo.core.selectors import selector_error, selector_matches
+
+log = logging.getLogger("nmo.webhooks")
 
 Obj = Mapping[str, Any]
 
@@ -77,6 +86,11 @@ class Lookups(Protocol):
         """Pods in ``openshift-etcd`` matching a label selector; raises LookupFailed."""
         ...
 
+    async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
+        """The pods bound to the node and the PDBs of their namespaces, read now
+        (bounded in time, never cached); raises LookupFailed."""
+        ...
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -91,10 +105,11 @@ class Decision:
     code: int = 200
     reason: str = ""
     result: str = "allowed"
+    warnings: tuple[str, ...] = ()  # admission warnings (kubectl prints them)
 
     @classmethod
-    def allow(cls) -> Decision:
-        return cls(allowed=True)
+    def allow(cls, warnings: Sequence[str] = ()) -> Decision:
+        return cls(allowed=True, warnings=tuple(warnings))
 
     @classmethod
     def deny(cls, message: str) -> Decision:
@@ -258,7 +273,30 @@ async def validate_create(
         if not dry_run:
             lookups.release_node(node_name, claimant)
         return objection
-    return Decision.allow()
+    return Decision.allow(await budget_warnings(new, node_name, lookups))
+
+
+async def budget_warnings(new: Obj, node_name: str, lookups: Lookups) -> list[str]:
+    """Warnings for the PDBs that would hold the drain right now; [] when unknown.
+
+    The pods are those the drain would evict under this CR's
+    ``spec.drain.podSelector`` and drain rules; DaemonSet pods count as
+    managed (no DaemonSet lookups at admission time).
+    """
+    try:
+        pods, pdbs = await lookups.node_budgets(node_name)
+        drain = (new.get("spec") or {}).get("drain")
+        selector = drain.get("podSelector") if isinstance(drain, Mapping) else None
+        selection = select_pods([dict(p) for p in pods], lambda _ds: True, selector)
+        return disruption_warnings(budgets_for(selection.evict, pdbs), node_name)
+    except Exception as exc:  # a warning is a courtesy: it must never refuse the CREATE
+        log.warning(
+            "maintenance admission: could not check the PodDisruptionBudgets of node %s: %s",
+            node_name,
+            exc,
+            extra={"node": node_name, "error": str(exc)},
+        )
+        return []
 
 
 def validate_update(old: Obj | None, new: Obj) -> Decision:

@@ -1,0 +1,258 @@
+"""Admission warnings: a PDB allowing no disruption warns on CREATE, never refuses it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+import respx
+from test_webhook_lookups import FakeCache, FakeKube
+from webhook_fakes import FakeLookups, node
+
+from nmo.api.constants import WEBHOOK_PATH
+from nmo.core.errors import Forbidden
+from nmo.core.kube import Kube, parse_warning
+from nmo.core.metrics import Metrics
+from nmo.webhooks.admission import review_response
+from nmo.webhooks.app import create_webhook_app
+from nmo.webhooks.lookups import MAX_PDB_NAMESPACES, ClusterLookups, LookupSettings
+from nmo.webhooks.validators import Decision, LookupFailed, validate_create
+
+Obj = dict[str, Any]
+WEB = {"app": "web"}
+WARNING = (
+    "PodDisruptionBudget shop/web-pdb allows no disruption now (needs 2 healthy, has 2): "
+    "the drain of n1 will wait for it"
+)
+
+
+def pod(name: str, *, ns: str = "shop", labels: dict[str, str] | None = None, **meta: Any) -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": labels or dict(WEB), **meta},
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def pdb(allowed: int, *, ns: str = "shop", name: str = "web-pdb") -> Obj:
+    return {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"selector": {"matchLabels": WEB}},
+        "status": {"desiredHealthy": 2, "currentHealthy": 2, "disruptionsAllowed": allowed},
+    }
+
+
+def cr(drain: Obj | None = None) -> Obj:
+    spec: Obj = {"nodeName": "n1"}
+    if drain is not None:
+        spec["drain"] = drain
+    return {"metadata": {"name": "nm", "uid": "u1"}, "spec": spec}
+
+
+def cluster(pods: list[Obj], pdbs: list[Obj], **kw: Any) -> FakeLookups:
+    return FakeLookups(nodes={"n1": node("n1")}, node_pods=pods, node_pdbs=pdbs, **kw)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_blocking_budget_warns_and_allows(dry_run: bool) -> None:
+    lookups = cluster([pod("web-1"), pod("web-2")], [pdb(0)])
+    decision = await validate_create(cr(), lookups, claimant="u1", dry_run=dry_run)
+    assert decision.allowed
+    assert decision.warnings == (WARNING,)
+
+
+@pytest.mark.parametrize(
+    ("pods", "pdbs", "drain"),
+    [
+        pytest.param([pod("web-1")], [pdb(1)], None, id="a disruption is allowed"),
+        pytest.param([], [pdb(0)], None, id="no pods"),
+        pytest.param([pod("web-1")], [], None, id="no budget"),
+        pytest.param(
+            [pod("web-1", labels={**WEB, "nodemaintenance.medik8s.io/drain": "skip"})],
+            [pdb(0)],
+            None,
+            id="pod skipped by its drain rule",
+        ),
+        pytest.param(
+            [pod("web-1")],
+            [pdb(0)],
+            {"podSelector": {"matchLabels": {"app": "db"}}},
+            id="pod outside the CR's podSelector",
+        ),
+        pytest.param(
+            [
+                pod(
+                    "agent",
+                    ownerReferences=[
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "DaemonSet",
+                            "name": "a",
+                            "controller": True,
+                        }
+                    ],
+                )
+            ],
+            [pdb(0)],
+            None,
+            id="DaemonSet pod",
+        ),
+    ],
+)
+async def test_no_warning(pods: list[Obj], pdbs: list[Obj], drain: Obj | None) -> None:
+    decision = await validate_create(cr(drain), cluster(pods, pdbs), claimant="u1")
+    assert decision == Decision.allow()
+
+
+async def test_lookup_failure_allows_without_warning_and_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("WARNING", logger="nmo.webhooks")
+    lookups = cluster([pod("web-1")], [pdb(0)], failing={"budgets"})
+    decision = await validate_create(cr(), lookups, claimant="u1")
+    assert decision == Decision.allow()
+    assert lookups.claims == {"n1": "u1"}  # the claim stands: the CREATE goes ahead
+    assert any("budgets exploded" in r.getMessage() for r in caplog.records)
+
+
+async def test_denied_create_does_not_look_at_budgets() -> None:
+    class Counting(FakeLookups):
+        budget_calls = 0
+
+        async def node_budgets(self, node_name: str) -> Any:
+            self.budget_calls += 1
+            return await super().node_budgets(node_name)
+
+    lookups = Counting(existing={"n1"}, nodes={"n1": node("n1")})
+    decision = await validate_create(cr(), lookups, claimant="u1")
+    assert not decision.allowed
+    assert lookups.budget_calls == 0
+
+
+def test_review_carries_warnings_only_when_there_are_some() -> None:
+    answer = review_response("uid-1", Decision.allow([WARNING]))
+    assert answer["response"] == {
+        "uid": "uid-1",
+        "allowed": True,
+        "status": {"code": 200},
+        "warnings": [WARNING],
+    }
+    assert "warnings" not in review_response("uid-1", Decision.allow())["response"]
+
+
+async def test_webhook_app_answers_with_warnings() -> None:
+    lookups = cluster([pod("web-1")], [pdb(0)])
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "r1", "operation": "CREATE", "object": cr()},
+    }
+    app = create_webhook_app(lookups=lookups, metrics=Metrics())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as http:
+        resp = await http.post(WEBHOOK_PATH, json=review)
+    assert resp.json()["response"]["allowed"] is True
+    assert resp.json()["response"]["warnings"] == [WARNING]
+
+
+# -- ClusterLookups.node_budgets: targeted, fresh, bounded ---------------------------------
+
+
+class ListingKube(FakeKube):
+    """FakeKube whose pod LIST filters by the fieldSelector it is given."""
+
+    def __init__(self, answers: dict[str, Any], *, hang: bool = False) -> None:
+        super().__init__(answers)
+        self.hang = hang
+
+    async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if self.hang:
+            await asyncio.Event().wait()
+        return await super().request(method, path, **kw)
+
+
+def lookups_with(kube: FakeKube, **settings: Any) -> ClusterLookups:
+    return ClusterLookups(
+        kube,
+        nodes=FakeCache([node("n1")]),
+        maintenances=FakeCache(),
+        settings=LookupSettings(**settings),
+    )
+
+
+async def test_node_budgets_lists_the_node_pods_then_their_namespaces_pdbs() -> None:
+    kube = ListingKube(
+        {
+            "/api/v1/pods": {"items": [pod("web-1"), pod("x", ns="other")]},
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(0)]},
+            "/apis/policy/v1/namespaces/other/poddisruptionbudgets": {"items": []},
+        }
+    )
+    pods, pdbs = await lookups_with(kube).node_budgets("n1")
+    assert [p["metadata"]["name"] for p in pods] == ["web-1", "x"]
+    assert pdbs == [pdb(0)]
+    assert kube.calls[0] == ("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=n1"})
+    assert sorted(c[1] for c in kube.calls[1:]) == [
+        "/apis/policy/v1/namespaces/other/poddisruptionbudgets",
+        "/apis/policy/v1/namespaces/shop/poddisruptionbudgets",
+    ]
+
+
+async def test_node_budgets_uses_one_cluster_list_for_many_namespaces() -> None:
+    namespaces = [f"ns{i}" for i in range(MAX_PDB_NAMESPACES + 1)]
+    kube = ListingKube(
+        {
+            "/api/v1/pods": {"items": [pod("p", ns=ns) for ns in namespaces]},
+            "/apis/policy/v1/poddisruptionbudgets": {
+                "items": [pdb(0, ns="ns0"), pdb(0, ns="unrelated")]
+            },
+        }
+    )
+    _, pdbs = await lookups_with(kube).node_budgets("n1")
+    assert [b["metadata"]["namespace"] for b in pdbs] == ["ns0"]
+    assert len(kube.calls) == 2
+
+
+async def test_node_budgets_is_bounded_in_time() -> None:
+    lookups = lookups_with(ListingKube({}, hang=True), budget_timeout=0.05)
+    with pytest.raises(LookupFailed, match=r"not read within 0\.05s"):
+        await lookups.node_budgets("n1")
+
+
+async def test_node_budgets_api_error_is_a_lookup_failure() -> None:
+    kube = ListingKube({"/api/v1/pods": Forbidden("pods is forbidden")})
+    with pytest.raises(LookupFailed, match="forbidden"):
+        await lookups_with(kube).node_budgets("n1")
+
+
+# -- the boundary hands API warnings to whoever listens ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("header", "text"),
+    [
+        (
+            '299 - "PodDisruptionBudget a/b allows no disruption"',
+            "PodDisruptionBudget a/b allows no disruption",
+        ),
+        ('299 - "say \\"hi\\""', 'say "hi"'),
+        ("not a warn-code", "not a warn-code"),
+    ],
+)
+def test_parse_warning(header: str, text: str) -> None:
+    assert parse_warning(header) == text
+
+
+async def test_warning_headers_reach_on_warning(api_server: respx.MockRouter, kube: Kube) -> None:
+    api_server.post("/apis/x/v1/things").respond(
+        201,
+        json={"metadata": {"name": "t"}},
+        headers=[("Warning", '299 - "first"'), ("Warning", '299 - "second"')],
+    )
+    seen: list[str] = []
+    kube.on_warning = seen.append
+    await kube.create("/apis/x/v1/things", {"metadata": {"name": "t"}})
+    assert seen == ["first", "second"]
