@@ -77,16 +77,17 @@ async def replicas(
     sandbox: Sandbox, tmp_path: Path, count: int, extra: list[str]
 ) -> AsyncIterator[list[Replica]]:
     ops = [Replica(sandbox, tmp_path / f"r{i}", extra=extra) for i in range(count)]
-    for op in ops:
-        op.log_dir.mkdir(parents=True)
-        CURRENT.append(op)
-        await op.start()
     try:
+        for op in ops:
+            op.log_dir.mkdir(parents=True)
+            CURRENT.append(op)
+            await op.start()
         yield ops
     finally:
         for op in ops:
             op.kill(signal.SIGTERM)
-            CURRENT.remove(op)
+            if op in CURRENT:
+                CURRENT.remove(op)
 
 
 class NodeWatch:
@@ -177,7 +178,7 @@ async def test_budget_holds_for_100_crs_across_a_leader_change(
     tmp_path: Path,
     leader_namespace: str,
 ) -> None:
-    budget = 5
+    budget = 10
     nodes = await node_factory(100)
     async with sandbox.client() as watch_client:
         watch = NodeWatch(watch_client, node_factory.prefix)
@@ -249,10 +250,13 @@ async def test_budget_holds_for_100_crs_across_a_leader_change(
                     leader = await leader_of(ops)
                     leader.kill()  # SIGKILL, in the middle: the standby takes over
                     killed = True
-                for n in begun:
-                    await api.delete(f"{NM}/{n}")
-                for n in begun:
-                    await wait_for(lambda n=n: _gone(api, n), timeout=60, what=f"{n} removed")
+                await asyncio.gather(*(api.delete(f"{NM}/{n}") for n in begun))
+                await asyncio.gather(
+                    *(
+                        wait_for(lambda n=n: _gone(api, n), timeout=60, what=f"{n} removed")
+                        for n in begun
+                    )
+                )
                 freed = time.monotonic()
                 done.extend(begun)
                 if len(done) < 100:

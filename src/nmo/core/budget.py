@@ -61,6 +61,7 @@ class Budget:
         self.nodes = nodes
         self.clock = clock
         self._lock = asyncio.Lock()
+        self._seen: dict[str, dict[str, str]] | None = None  # the ledger as last read or written
         self.admitted_count = 0  # for metrics: entries after the last read or write
 
     @property
@@ -80,7 +81,9 @@ class Budget:
         except ValueError:
             log.error("budget ledger %s/%s is not JSON: starting it afresh", self.namespace, raw)
             entries = {}
-        return {str(k): dict(v) for k, v in entries.items() if isinstance(v, dict)}, lease
+        out = {str(k): dict(v) for k, v in entries.items() if isinstance(v, dict)}
+        self._seen = dict(out)
+        return out, lease
 
     async def _write(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
         annotations = {ANNOTATION: json.dumps(dict(sorted(entries.items())), sort_keys=True)}
@@ -105,6 +108,7 @@ class Budget:
             meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             # PUT with the resourceVersion read: the compare-and-swap.
             await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
+        self._seen = {k: dict(v) for k, v in entries.items()}
         self.admitted_count = len(entries)
 
     def _running(self) -> dict[str, str]:
@@ -125,7 +129,29 @@ class Budget:
         return out
 
     def queued_names(self) -> list[str]:
-        return [nm.metadata.name for nm in self._queue()]
+        """The queued CRs, head first."""
+        return [nm.metadata.name for nm in sorted(self._queue(), key=rules.queue_order)]
+
+    def _decide(self, nm: NodeMaintenance, entries: Mapping[str, Mapping[str, str]]) -> Admission:
+        admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}
+        admitted.pop(nm.metadata.name, None)
+        seen = rules.fleet(admitted, self._queue(), self.nodes.store)
+        return rules.decide(nm, seen, self.settings, self.clock())
+
+    def _quick(self, nm: NodeMaintenance) -> Admission | None:
+        """A refusal decided on the ledger as last seen, without a request.
+
+        Refusing on a stale ledger is harmless (the CR is looked at again);
+        admitting never is: that needs the fresh read and the swap. Entries
+        whose CR the cache lacks may be stale slots, so they send the CR to
+        the fresh path, where they are pruned.
+        """
+        if self._seen is None or nm.metadata.name in self._seen:
+            return None
+        if any(self.maintenances.get(name) is None for name in self._seen):
+            return None
+        decision = self._decide(nm, self._seen)
+        return None if decision.admit else decision
 
     async def _prune(self, entries: dict[str, dict[str, str]]) -> bool:
         """Drop entries whose CR failed or is confirmed gone; True if any was dropped."""
@@ -150,16 +176,15 @@ class Budget:
     async def admit(self, nm: NodeMaintenance) -> Admission:
         """Admit ``nm`` if the budget and the window allow it, persisting the admission."""
         name = nm.metadata.name
+        if (refused := self._quick(nm)) is not None:
+            return refused
         async with self._lock:
             for _ in range(10):
                 entries, lease = await self._read()
                 if name in entries:
                     return Admission(True, rules.REASON_ADMITTED, "admitted")
                 pruned = await self._prune(entries)
-                admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}
-                admitted.pop(name, None)
-                seen = rules.fleet(admitted, self._queue(), self.nodes.store)
-                decision = rules.decide(nm, seen, self.settings, self.clock())
+                decision = self._decide(nm, entries)
                 if decision.admit:
                     entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
                 elif not pruned:

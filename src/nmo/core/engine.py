@@ -104,6 +104,9 @@ def _node_of(obj: Obj) -> str | None:
     return str(node) if node else None
 
 
+QUEUE_REFRESH = 2.0  # seconds: queued CRs rewrite their position at most this often
+
+
 class Engine:
     def __init__(self, kube: Kube, settings: EngineSettings, metrics: Metrics) -> None:
         self.kube = kube
@@ -224,11 +227,15 @@ class Engine:
         self._wake(name)
 
     def _wake_queued(self) -> None:
-        """A budget slot may be free: every queued CR looks again (oldest first wins)."""
+        """The queue moved: its head looks again now (it may start), the others
+        soon, coalesced (their position in the queue changed)."""
         if self.budget is None or not self.leading:
             return
-        for name in self.budget.queued_names():
-            self.queue.add(name)
+        names = self.budget.queued_names()
+        if names:
+            self.queue.add(names[0])
+        for name in names[1:]:
+            self.queue.add_after(name, QUEUE_REFRESH)
 
     def _on_node(self, _event: str, obj: Obj, old: Obj | None) -> None:
         if not self.leading:
