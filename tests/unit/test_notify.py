@@ -238,9 +238,12 @@ async def test_overflow_drops_the_oldest_and_counts(
 
 
 async def test_cancelling_flushes_what_is_left_once(
-    receiver: respx.MockRouter, metrics: Metrics, running: list[Any]
+    receiver: respx.MockRouter,
+    metrics: Metrics,
+    running: list[Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    answers = [httpx.Response(500), httpx.Response(200), httpx.Response(200)]
+    answers = [httpx.Response(500), httpx.Response(500), httpx.Response(200), httpx.Response(200)]
     route = receiver.post(URL).mock(side_effect=answers)
     parked = asyncio.Event()
 
@@ -249,17 +252,25 @@ async def test_cancelling_flushes_what_is_left_once(
         await asyncio.Event().wait()  # the retry wait of the first one never ends
 
     n = Notifier(NotifySettings(URL), metrics=metrics, operator="o", sleep=park)
-    for kind in (Kind.BEGIN, Kind.BLOCKED):
+    for kind in (Kind.BEGIN, Kind.BLOCKED, Kind.SUCCEEDED):
         n.enqueue(note(kind))
     task = asyncio.create_task(n.run())
     await parked.wait()
     task.cancel()
-    with pytest.raises(asyncio.CancelledError):
+    with (
+        caplog.at_level(logging.WARNING, logger="nmo.notify"),
+        pytest.raises(asyncio.CancelledError),
+    ):
         await task
-    assert route.call_count == 3  # begin (500), then on the way out: begin, blocked
-    assert count(metrics, "begin", "delivered") == 1
+    # begin (500), then on the way out, once each: begin (500), blocked, succeeded
+    assert route.call_count == 4
+    assert count(metrics, "begin", "failed") == 1
     assert count(metrics, "blocked", "delivered") == 1
+    assert count(metrics, "succeeded", "delivered") == 1
     assert n.pending == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        "notification begin for maintenance nm-1 not delivered after 2 attempt(s): HTTP 500"
+    ]
 
 
 async def test_the_flush_has_a_deadline(

@@ -126,6 +126,7 @@ class _Item:
     notification: Notification
     body: bytes
     queued: float  # clock() when enqueued
+    attempts: int = 0
 
 
 class Notifier:
@@ -214,7 +215,7 @@ class Notifier:
             )
             too_old = self._clock() - item.queued + wait > s.max_age
             if not outcome.retry or failures >= s.attempts or too_old:
-                self._failed(item, failures, outcome.why)
+                self._failed(item, outcome.why)
                 return
             self.metrics.notification_retries.labels(kind=item.notification.kind.value).inc()
             log.info(
@@ -228,6 +229,7 @@ class Notifier:
             await self._sleep(wait)
 
     async def _attempt(self, client: httpx.AsyncClient, item: _Item) -> Outcome:
+        item.attempts += 1
         try:
             resp = await client.post(self.settings.url, content=item.body)
         except httpx.TransportError as exc:  # refused, reset, timed out, TLS...
@@ -251,7 +253,7 @@ class Notifier:
                     if outcome.delivered:
                         self._count(item, "delivered")
                     else:
-                        self._failed(item, 1, outcome.why)
+                        self._failed(item, outcome.why)
                     done += 1
         except TimeoutError:
             pass
@@ -268,14 +270,14 @@ class Notifier:
     def _count(self, item: _Item, result: str) -> None:
         self.metrics.notifications.labels(kind=item.notification.kind.value, result=result).inc()
 
-    def _failed(self, item: _Item, attempts: int, why: str) -> None:
+    def _failed(self, item: _Item, why: str) -> None:
         self._count(item, "failed")
         n = item.notification
         log.warning(
             "notification %s for maintenance %s not delivered after %d attempt(s): %s",
             n.kind.value,
             n.maintenance,
-            attempts,
+            item.attempts,
             why,
             extra=_ctx(n),
         )
