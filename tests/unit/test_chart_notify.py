@@ -1,9 +1,19 @@
-"""The chart's notify values, rendered offline (``helm template``, as test_chart_alerts)."""
+"""The chart's notify values, rendered offline (``helm template``, as test_chart_alerts),
+and the documentation of the notification document and metrics."""
 
 from __future__ import annotations
 
+import json
+import re
+from datetime import UTC, datetime
+
 import pytest
-from test_chart_alerts import helm_env, manager_args, of_kind, render, template
+from test_chart_alerts import METRICS_DOC, ROOT, helm_env, manager_args, of_kind, render, template
+
+from nmo.core.maintenance.notifications import VERSION, Kind, Notification
+from nmo.core.metrics import Metrics
+
+INSTALL_DOC = ROOT / "docs" / "install.md"
 
 __all__ = ["helm_env"]  # the fixture, shared
 
@@ -53,3 +63,24 @@ def test_schema_refuses(helm_env: dict[str, str], value: str, where: str) -> Non
     result = template(helm_env, "--set", value)
     assert result.returncode != 0, f"{value} was accepted"
     assert where in result.stderr, result.stderr
+
+
+def test_the_documented_document_is_the_one_sent() -> None:
+    text = INSTALL_DOC.read_text()
+    section = text[text.index("### Notifications") : text.index("## 3. ")]
+    match = re.search(r"```json\n(.*?)```", section, re.S)
+    assert match is not None, "no JSON example in the Notifications section"
+    example = json.loads(match.group(1))
+    sent = Notification(Kind.BLOCKED, "m", "n", "Running", "r", "x", datetime.now(UTC), "o")
+    assert list(example) == list(sent.document())
+    assert example["version"] == VERSION
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert set(sent.document()) <= documented, "a field of the document is not described"
+    assert {k.value for k in Kind} <= documented, "a kind is not described"
+
+
+def test_the_notification_metrics_are_documented_and_registered() -> None:
+    documented = set(re.findall(r"^\| `(nmo_[a-z_]+)` \|", METRICS_DOC.read_text(), re.M))
+    names = {f.name + "_total" for f in Metrics().registry.collect() if f.type == "counter"}
+    for name in ("nmo_notifications_total", "nmo_notification_retries_total"):
+        assert name in documented and name in names, name
