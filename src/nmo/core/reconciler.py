@@ -35,8 +35,9 @@ from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, nm_path, node_path
 from nmo.core.lease import LeaseClient, LeaseHeldError
 from nmo.core.maintenance import node as nodeplan
-from nmo.core.maintenance import notifications, planner, transitions
+from nmo.core.maintenance import planner, transitions
 from nmo.core.maintenance import pods as podselect
+from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
     Emit,
@@ -368,7 +369,7 @@ class Reconciler:
         if self.notifier is None:
             return
         status = raw.get("status")
-        for note in notifications.for_pass(
+        for note in for_pass(
             obs.nm, status, plan.events, now=obs.now, operator=self.notifier.operator
         ):
             self.notifier.enqueue(note)
