@@ -28,6 +28,7 @@ from nmo.core.kube import Kube
 from nmo.core.maintenance.budget import BudgetSettings, parse_max_unavailable, parse_window
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.metrics import Metrics
+from nmo.core.notify import NotifySettings, check_url
 from nmo.webhooks.probes import CheckFailed
 from nmo.webhooks.servers import ServerSettings, serve
 
@@ -123,6 +124,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="namespace of the budget ledger Lease (default: the leader election namespace)",
     )
+    note = run.add_argument_group("notifications")
+    note.add_argument(
+        "--notify-url",
+        default=os.environ.get("NMO_NOTIFY_URL") or None,
+        metavar="URL",
+        help="POST a JSON document to this http(s) URL when a maintenance begins, is "
+        "blocked, succeeds, fails or is removed (env NMO_NOTIFY_URL; default: off)",
+    )
+    note.add_argument(
+        "--notify-timeout",
+        type=float,
+        default=float(os.environ.get("NMO_NOTIFY_TIMEOUT") or 5.0),
+        metavar="SECONDS",
+        help="timeout of one delivery attempt (env NMO_NOTIFY_TIMEOUT)",
+    )
     le = run.add_argument_group("leader election")
     le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     le.add_argument(
@@ -214,6 +230,17 @@ def budget_settings(args: argparse.Namespace) -> BudgetSettings:
     )
 
 
+def notify_settings(args: argparse.Namespace) -> NotifySettings | None:
+    """Notifications from the flags (None: off); ValueError says what is wrong."""
+    if not args.notify_url:
+        return None
+    if (problem := check_url(args.notify_url)) is not None:
+        raise ValueError(f"--notify-url {problem} (got {args.notify_url!r})")
+    if args.notify_timeout <= 0:
+        raise ValueError(f"--notify-timeout must be more than 0 (got {args.notify_timeout:g})")
+    return NotifySettings(url=args.notify_url, timeout=args.notify_timeout)
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     engine = EngineSettings(
         lease_namespace=args.lease_namespace,
@@ -236,6 +263,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
     if args.identity:
         engine.identity = args.identity
+    engine.notify = notify_settings(args)
     servers = ServerSettings(
         bind_address=args.bind_address,
         webhook_port=args.webhook_port if args.enable_webhook else None,

@@ -43,6 +43,7 @@ from nmo.core.maintenance.drainstate import blocked_by
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.memory import Memories, Memory
 from nmo.core.metrics import Metrics
+from nmo.core.notify import Notifier, NotifySettings
 from nmo.core.queue import WorkQueue
 from nmo.core.reconciler import NM_PATH, Reconciler
 from nmo.core.renewer import LeaseRenewers
@@ -75,6 +76,7 @@ class EngineSettings:
     plan: PlanSettings = field(default_factory=PlanSettings)
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     budget_namespace: str | None = None  # the ledger's namespace; None: leader election's
+    notify: NotifySettings | None = None  # --notify-url; None: no notifications
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class Engine:
                 nodes=self.nodes,
             )
         self.recorder = EventRecorder(kube, instance=settings.identity)
+        self.notifier: Notifier | None = None
+        if settings.notify is not None:
+            self.notifier = Notifier(settings.notify, metrics=metrics, operator=settings.identity)
         self.reconciler = Reconciler(
             kube=kube,
             maintenances=self.maintenances,
@@ -168,6 +173,7 @@ class Engine:
             budget=self.budget,
             wake_queued=self._wake_queued,
             settings=settings.plan,
+            notifier=self.notifier,
         )
         self.elector: LeaderElector | None = None
         if settings.leader_election:
@@ -198,6 +204,11 @@ class Engine:
             *(
                 Runnable(f"reconcile-worker:{i}", self._worker, leader_only=True)
                 for i in range(self.settings.max_concurrent_reconciles)
+            ),
+            *(
+                [Runnable("notifier", self.notifier.run, leader_only=True)]
+                if self.notifier is not None
+                else []
             ),
         ]
 

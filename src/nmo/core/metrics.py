@@ -68,6 +68,19 @@ class Metrics:
             self.forced_deletions.labels(outcome=outcome)
         for kind in ("foreign", "api", "renewal"):
             self.lease_errors.labels(kind=kind)
+        self.notifications = Counter(
+            "nmo_notifications_total",
+            "Notifications to --notify-url by kind (begin, blocked, succeeded, failed, "
+            "removed) and result (delivered, failed, dropped).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.notification_retries = Counter(
+            "nmo_notification_retries_total",
+            "Notification deliveries retried after a connection error, a 5xx or a 429.",
+            ["kind"],
+            registry=r,
+        )
         self.lease_renewals = Counter(
             "nmo_lease_renewals_total",
             "Background renewals of medik8s node leases.",

@@ -37,6 +37,7 @@ from nmo.core.lease import LeaseClient, LeaseHeldError
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import planner, transitions
 from nmo.core.maintenance import pods as podselect
+from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
     Emit,
@@ -49,6 +50,7 @@ from nmo.core.maintenance.observed import (
 )
 from nmo.core.memory import Memories, Memory
 from nmo.core.metrics import Metrics
+from nmo.core.notify import Notifier
 from nmo.core.renewer import LeaseRenewers
 from nmo.core.watch import Informer
 
@@ -79,6 +81,7 @@ class Reconciler:
         wake_queued: Callable[[], None] = lambda: None,
         settings: planner.PlanSettings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        notifier: Notifier | None = None,
     ) -> None:
         self.kube = kube
         self.maintenances = maintenances
@@ -95,6 +98,7 @@ class Reconciler:
         self.wake_queued = wake_queued  # a budget slot was freed: look at the queue again
         self.settings = settings or planner.PlanSettings()
         self.clock = clock
+        self.notifier = notifier
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
@@ -351,6 +355,7 @@ class Reconciler:
             record.stop()
         elif plan.work is Work.FORGET:
             self.memories.forget(nm.metadata.name)
+        self._notify(raw, obs, plan)
         # Let go or failed (its node restored): the budget slot is free again.
         if (
             self.budget is not None
@@ -358,6 +363,16 @@ class Reconciler:
             and await self.budget.release(nm.metadata.name)
         ):
             self.wake_queued()
+
+    def _notify(self, raw: Obj, obs: Observed, plan: Plan) -> None:
+        """Queue the pass's notifications (``raw``: the CR as the pass left it)."""
+        if self.notifier is None:
+            return
+        status = raw.get("status")
+        for note in for_pass(
+            obs.nm, status, plan.events, now=obs.now, operator=self.notifier.operator
+        ):
+            self.notifier.enqueue(note)
 
     # -- writes ------------------------------------------------------------
     async def _confirmed(self, nm: NodeMaintenance) -> bool:
