@@ -266,7 +266,12 @@ async def test_budget_holds_for_100_crs_across_a_leader_change(
                     async def tainted(node: str = nodes[idx]) -> bool:
                         return watch.tainted.get(node, False)
 
-                    await wait_for(tainted, timeout=60, what=f"{nxt} admitted after a slot freed")
+                    await wait_for(
+                        tainted,
+                        timeout=60,
+                        interval=0.01,
+                        what=f"{nxt} admitted after a slot freed",
+                    )
                     waits.append(time.monotonic() - freed)
             waits.sort()
             print(

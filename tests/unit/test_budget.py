@@ -213,3 +213,11 @@ def test_an_admitted_cr_starts_and_says_so() -> None:
     assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED  # no pods
     queued = [x for x in plan.status.conditions or [] if x.type == "Queued"]
     assert [(x.status.value, x.reason) for x in queued] == [("False", "Admitted")]
+
+
+def test_an_admitted_cr_not_yet_running_is_not_ahead_in_the_queue() -> None:
+    """The ledger admitted q1; its status still says nothing: q2 is the head now."""
+    settings = b.BudgetSettings(max_parallel=2)
+    q1, q2 = nm("q1", "n1", 1), nm("q2", "n2", 2)
+    fleet = b.fleet({"q1": "n1"}, [q1, q2], {})
+    assert b.decide(q2, fleet, settings, NOW).admit

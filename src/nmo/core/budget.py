@@ -129,8 +129,10 @@ class Budget:
         return out
 
     def queued_names(self) -> list[str]:
-        """The queued CRs, head first."""
-        return [nm.metadata.name for nm in sorted(self._queue(), key=rules.queue_order)]
+        """The queued CRs, head first (admitted ones whose status lags are not queued)."""
+        admitted = self._seen or {}
+        waiting = [nm for nm in self._queue() if nm.metadata.name not in admitted]
+        return [nm.metadata.name for nm in sorted(waiting, key=rules.queue_order)]
 
     def _decide(self, nm: NodeMaintenance, entries: Mapping[str, Mapping[str, str]]) -> Admission:
         admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}

@@ -106,7 +106,7 @@ def _node_of(obj: Obj) -> str | None:
     return str(node) if node else None
 
 
-QUEUE_REFRESH = 2.0  # seconds: queued CRs rewrite their position at most this often
+QUEUE_REFRESH = 10.0  # seconds: the other queued CRs rewrite their position this late at most
 
 
 class Engine:

@@ -212,7 +212,9 @@ def decide(
     name = candidate.metadata.name
     if name in seen.admitted:
         return Admission(True, REASON_ADMITTED, "admitted")
-    queue = sorted({q.metadata.name: q for q in (*seen.queue, candidate)}.values(), key=queue_order)
+    # Admitted CRs whose status does not say so yet are not in the queue any more.
+    waiting = {q.metadata.name: q for q in seen.queue if q.metadata.name not in seen.admitted}
+    queue = sorted({**waiting, name: candidate}.values(), key=queue_order)
     position = next(i for i, q in enumerate(queue, 1) if q.metadata.name == name)
     where = f"position {position} of {len(queue)} in the queue"
     window = settings.window
