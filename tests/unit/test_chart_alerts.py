@@ -154,9 +154,42 @@ def test_drain_values_render_into_the_manager_args(
     assert "--drain-on-timeout=Delete" in args
 
 
+def test_fleet_values_render_into_args_nmo_accepts(helm_env: dict[str, str]) -> None:
+    from nmo.cli import budget_settings, build_parser
+
+    args = manager_args(
+        render(
+            helm_env,
+            *("--set", "fleet.maxParallelMaintenances=5", "--set", "fleet.maxUnavailable=10%"),
+            *("--set", "fleet.window.days=Mon-Fri", "--set", "fleet.window.start=22:00"),
+            *("--set", "fleet.window.end=06:00", "--set", "fleet.window.timezone=Europe/Berlin"),
+        )
+    )
+    for flag in (
+        "--max-parallel-maintenances=5",
+        "--max-unavailable=10%",
+        "--window-days=Mon-Fri",
+        "--window-start=22:00",
+        "--window-end=06:00",
+        "--window-timezone=Europe/Berlin",
+    ):
+        assert flag in args, args
+    parsed = build_parser().parse_args(args)
+    fleet = budget_settings(parsed)
+    assert fleet.max_parallel == 5 and fleet.max_unavailable == "10%"
+    assert fleet.window is not None and fleet.window.text == "Mon-Fri 22:00-06:00 Europe/Berlin"
+    defaults = manager_args(render(helm_env))
+    assert "--max-parallel-maintenances=0" in defaults
+    assert not [a for a in defaults if a.startswith(("--max-unavailable", "--window"))]
+
+
 @pytest.mark.parametrize(
     ("value", "where"),
     [
+        ("fleet.maxParallelMaintenances=-1", "/fleet/maxParallelMaintenances"),
+        ("fleet.maxUnavailable=0%", "/fleet/maxUnavailable"),
+        ("fleet.maxUnavailable=0", "/fleet/maxUnavailable"),
+        ("fleet.window.start=25:00", "/fleet/window/start"),
         ("drain.onTimeout=Later", "/drain/onTimeout"),
         ("drain.timeoutSeconds=-1", "/drain/timeoutSeconds"),
         ("drain.timeoutSeconds=soon", "/drain/timeoutSeconds"),
