@@ -10,6 +10,7 @@ from its log: ``/leaderz`` (it runs the maintenance workers),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -207,9 +208,9 @@ async def wait_for(
     pytest.fail(f"timed out after {timeout}s waiting for {what or check}; last value: {last!r}")
 
 
-@pytest.fixture
-async def sole_operator() -> AsyncIterator[None]:
-    """Stop the session's nmo (if running) so that only the test's own nmo reconciles."""
+@contextlib.asynccontextmanager
+async def others_stopped() -> AsyncIterator[None]:
+    """Stop every nmo of the session (restarted after), so only the test's own reconciles."""
     running = [op for op in CURRENT if op.proc is not None and op.proc.poll() is None]
     for op in running:
         op.kill(signal.SIGTERM)
@@ -218,3 +219,10 @@ async def sole_operator() -> AsyncIterator[None]:
     finally:
         for op in running:
             await op.start()
+
+
+@pytest.fixture
+async def sole_operator(operator: Operator) -> AsyncIterator[None]:
+    """For one test, the session's nmo is stopped (it installed the CRD first)."""
+    async with others_stopped():
+        yield

@@ -17,8 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from audit import AuditWindow, nmo_events, show
-from objects import NM, Api, pdb, pod_spec, uid
+from objects import NM, Api, pdb, uid
 from operator_fixtures import Operator, wait_for
+from workloads import bare_pod, running
 
 from nmo.sandbox import Sandbox
 
@@ -43,38 +44,6 @@ def drained(obj: dict[str, Any] | None) -> dict[str, Any]:
         if cond.get("type") == "Drained":
             return dict(cond)
     return {}
-
-
-async def bare_pod(
-    api: Api,
-    ns: str,
-    name: str,
-    node: str,
-    *,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-    grace: int = 1,
-    priority_class: str | None = None,
-) -> dict[str, Any]:
-    spec = pod_spec(node_name=node)
-    spec["terminationGracePeriodSeconds"] = grace
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "spec": spec,
-    }
-    return await api.create(f"/api/v1/namespaces/{ns}/pods", body)
-
-
-async def running(api: Api, ns: str, names: list[str]) -> None:
-    async def check() -> bool:
-        pods = {p["metadata"]["name"]: p for p in await api.pods(ns)}
-        return all((pods.get(n) or {}).get("status", {}).get("phase") == "Running" for n in names)
-
-    await wait_for(check, what=f"pods {names} running")
 
 
 async def never_allowing_pdb(api: Api, ns: str, name: str, labels: dict[str, str], n: int) -> None:

@@ -26,7 +26,7 @@ from operator_fixtures import CURRENT, Operator, probe_synced, wait_for, wait_un
 
 from nmo.sandbox import Sandbox
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("operator", "sole_operator")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]
 
 TAINT = "medik8s.io/drain"
 LEADER_NS = "node-maintenance-operator-system"

@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 import pytest
-from objects import NM, Api, pdb, pod_spec, uid
+from objects import NM, Api, pdb, uid
 from operator_fixtures import Operator, wait_for
 from test_webhook import webhook  # noqa: F401 - the module fixture, used by name
+from workloads import bare_pod, running
 
 from nmo.api.constants import DRAIN_TAINT_KEY, WEBHOOK_NAME, Messages
 from nmo.sandbox import Sandbox, find_binaries
@@ -69,24 +70,6 @@ async def kubectl_nm(
     result = await run_command([kubectl, "nm", *args], env=env, timeout=timeout)
     print(f"$ kubectl nm {' '.join(args)}  -> {result.returncode}\n{result.stdout}{result.stderr}")
     return result
-
-
-async def bare_pod(api: Api, ns: str, name: str, node: str, labels: dict[str, str]) -> None:
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": pod_spec(node_name=node),
-    }
-    await api.create(f"/api/v1/namespaces/{ns}/pods", body)
-
-
-async def running(api: Api, ns: str, names: list[str]) -> None:
-    async def check() -> bool:
-        pods = {p["metadata"]["name"]: p for p in await api.pods(ns)}
-        return all((pods.get(n) or {}).get("status", {}).get("phase") == "Running" for n in names)
-
-    await wait_for(check, what=f"pods {names} running")
 
 
 def maintained(node: dict[str, Any]) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from objects import Api
-from operator_fixtures import CURRENT, Operator, free_port, wait_for
+from operator_fixtures import CURRENT, Operator, free_port, others_stopped, wait_for
 from test_drain_control import blocked_node, create_nm, drained, remove_nm, wait_phase
 
 from nmo import __version__
@@ -93,15 +93,9 @@ class Receiver:
 
 @pytest.fixture(scope="module")
 async def sole_operator(operator: Operator) -> AsyncIterator[None]:
-    """Stop the session's nmo (it installed the CRD) so that only ours reconciles."""
-    running = [op for op in CURRENT if op.proc is not None and op.proc.poll() is None]
-    for op in running:
-        op.kill(signal.SIGTERM)
-    try:
+    """For this module, the session's nmo is stopped (it installed the CRD first)."""
+    async with others_stopped():
         yield
-    finally:
-        for op in running:
-            await op.start()
 
 
 @pytest.fixture

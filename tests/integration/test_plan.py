@@ -18,9 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
-from objects import NM, Api, pdb, pod_spec, uid
+from objects import NM, Api, pdb, uid
 from operator_fixtures import wait_for
 from test_webhook import webhook  # noqa: F401 - the module fixture, used by name
+from workloads import bare_pod, running
 
 from nmo.sandbox import Sandbox
 
@@ -53,32 +54,6 @@ async def nmo(sandbox: Sandbox, *args: str) -> subprocess.CompletedProcess[str]:
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     return subprocess.CompletedProcess(args, proc.returncode or 0, out.decode(), err.decode())
-
-
-async def bare_pod(
-    api: Api,
-    ns: str,
-    name: str,
-    node: str,
-    *,
-    labels: dict[str, str] | None = None,
-    annotations: dict[str, str] | None = None,
-) -> None:
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "spec": pod_spec(node_name=node),
-    }
-    await api.create(f"/api/v1/namespaces/{ns}/pods", body)
-
-
-async def running(api: Api, ns: str, names: list[str]) -> None:
-    async def check() -> bool:
-        pods = {p["metadata"]["name"]: p for p in await api.pods(ns)}
-        return all((pods.get(n) or {}).get("status", {}).get("phase") == "Running" for n in names)
-
-    await wait_for(check, what=f"pods {names} running")
 
 
 async def budget_settles(api: Api, ns: str, name: str, *, healthy: int, allowed: int) -> None:

@@ -287,8 +287,17 @@ class Reconciler:
 
     async def _apply_abort(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
         """onTimeout Abort: node restored, lease released, then Failed (terminal)."""
+        await self._undo(obs, plan, record)
+        raw = await self._write_status(raw, plan, record)
+        if plan.timed_out is not None:
+            self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
+        await self._finish(raw, obs, plan, record)
+        return plan.result
+
+    async def _undo(self, obs: Observed, plan: Plan, record: Memory) -> None:
+        """Stop the record's work, restore the node, release the lease (leave or abort)."""
         nm = obs.nm
-        record.stop()
+        record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
         if plan.node_patch:
             await self._restore(obs, plan.node_patch)
             log.info(
@@ -304,30 +313,9 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
-        raw = await self._write_status(raw, plan, record)
-        if plan.timed_out is not None:
-            self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
-        await self._finish(raw, obs, plan, record)
-        return plan.result
 
     async def _apply_leave(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
-        nm = obs.nm
-        record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
-        if plan.node_patch is not None:
-            await self._restore(obs, plan.node_patch)
-            log.info(
-                "maintenance %s: node %s restored",
-                nm.metadata.name,
-                nm.spec.node_name,
-                extra=_ctx(nm),
-            )
-        if plan.lease is LeaseStep.RELEASE and await self.leases.release(nm.spec.node_name):
-            log.info(
-                "maintenance %s: lease for node %s released",
-                nm.metadata.name,
-                nm.spec.node_name,
-                extra=_ctx(nm),
-            )
+        await self._undo(obs, plan, record)
         if plan.metadata:
             try:
                 raw = await self._patch_metadata(raw, plan.metadata)
