@@ -29,11 +29,9 @@ from nmo.sandbox import Sandbox
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]
 
 TAINT = "medik8s.io/drain"
-LEADER_NS = "node-maintenance-operator-system"
+LEADER_NS = "nmo-fleet-test"  # leader election and the budget ledger (not the chart's)
 LEADER_FLAGS = [
     "--leader-elect",
-    "--leader-election-namespace",
-    LEADER_NS,
     "--leader-lease-duration",
     "4",
     "--leader-renew-deadline",
@@ -64,18 +62,25 @@ async def api(kube: httpx.AsyncClient) -> Api:
 
 
 @pytest.fixture
-async def leader_namespace(api: Api) -> str:
-    resp = await api.c.post(
-        "/api/v1/namespaces",
-        json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEADER_NS}},
-    )
-    assert resp.status_code in (201, 409), resp.text
-    return LEADER_NS
+async def leader_namespace(api: Api) -> AsyncIterator[str]:
+    """The namespace of the replicas' leader election and budget ledger, removed after."""
+
+    async def created() -> bool:
+        resp = await api.c.post(
+            "/api/v1/namespaces",
+            json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEADER_NS}},
+        )
+        return resp.status_code == 201  # 409 while an earlier test's copy is terminating
+
+    await wait_for(created, timeout=60, what=f"namespace {LEADER_NS} created")
+    yield LEADER_NS
+    await api.delete(f"/api/v1/namespaces/{LEADER_NS}")
 
 
 async def replicas(
     sandbox: Sandbox, tmp_path: Path, count: int, extra: list[str]
 ) -> AsyncIterator[list[Replica]]:
+    extra = [*extra, "--leader-election-namespace", LEADER_NS, "--budget-namespace", LEADER_NS]
     ops = [Replica(sandbox, tmp_path / f"r{i}", extra=extra) for i in range(count)]
     try:
         for op in ops:

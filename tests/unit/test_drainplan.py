@@ -441,3 +441,13 @@ def test_an_invalid_selector_blocks_instead_of_leaving_every_pod_alone() -> None
         "spec.drain.podSelector.matchExpressions[0]: operator In needs at least one value: "
         "nothing is evicted until it is fixed" in out.condition.message
     )
+
+
+def test_waiting_for_completion_only_once_the_evicted_pods_are_gone() -> None:
+    job = pod("job", labels={c.DRAIN_RULE_LABEL: "wait-completed"})
+    leaving = pod("web", terminating=True)
+    out = plan_drain(select_pods([job, leaving], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    assert out.condition.reason == "Draining"
+    assert out.condition.message == "2 pods pending: 1 terminating, 1 waiting to complete"
+    out = plan_drain(select_pods([job], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    assert out.condition.reason == "WaitingForCompletion"

@@ -267,14 +267,9 @@ def drained_condition(
         return Condition(ConditionStatus.FALSE, REASON_BLOCKED, blocked[:MAX_MESSAGE])
     waiting = [pod_key(p) for p in selection.wait]
     by_key = {pod_key(p): p for p in selection.evict}
-    moving = [
-        key
-        for ns, name in pending
-        if (key := f"{ns}/{name}") in by_key
-        and key not in hold
-        and terminating_since(by_key[key]) is None
-    ]
-    if waiting and not moving:
+    current = [key for ns, name in pending if (key := f"{ns}/{name}") in by_key and key not in hold]
+    moving = [key for key in current if terminating_since(by_key[key]) is None]
+    if waiting and not current:  # only the wait-completed pods (and what they hold) are left
         message = (
             f"waiting for {len(waiting)} pod{'s' if len(waiting) != 1 else ''} labelled "
             f"{c.DRAIN_RULE_LABEL}={c.DRAIN_RULE_WAIT_COMPLETED} to complete: "
