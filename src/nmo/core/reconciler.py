@@ -113,7 +113,14 @@ class Reconciler:
             assert self.budget is not None
             observed = replace(observed, admission=await self.budget.admit(nm))
             if observed.admission is not None and observed.admission.admit:
-                self.wake_queued()  # the queue moved: the others' positions change
+                # The next CR of the queue starts once this pass has started this one
+                # on its node: maintenances start in creation order, on the nodes too.
+                try:
+                    return await self.apply(
+                        raw, observed, planner.plan(observed, self.settings), record
+                    )
+                finally:
+                    self.wake_queued()
         plan = planner.plan(observed, self.settings)
         return await self.apply(raw, observed, plan, record)
 
