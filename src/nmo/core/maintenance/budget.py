@@ -107,11 +107,13 @@ def parse_window(days: str, start: str, end: str, timezone: str) -> Window:
         if match is None:
             raise ValueError(f"invalid window {what} {value!r}: use HH:MM, 24-hour")
         times.append(time(int(match.group(1)), int(match.group(2))))
+    name = timezone.strip() or "UTC"
     try:
-        tz: tzinfo = ZoneInfo(timezone.strip() or "UTC")
+        tz: tzinfo = UTC if name == "UTC" else ZoneInfo(name)  # UTC needs no tz database
     except (ZoneInfoNotFoundError, ValueError):
         raise ValueError(
-            f"unknown time zone {timezone!r}: use an IANA name like Europe/Berlin"
+            f"unknown time zone {timezone!r}: use an IANA name like Europe/Berlin "
+            "(the time zone database must be installed: the tzdata package)"
         ) from None
     if times[0] == times[1]:
         raise ValueError("the window's start and end are equal: it would never be open")
