@@ -222,7 +222,7 @@ class Reconciler:
             if not record.lease_held and not await self._confirmed(obs.nm):
                 return DONE
             try:
-                await self.leases.request(obs.node, obs.now, force=plan.lease is LeaseStep.FORCE)
+                await self.leases.request(obs.node, force=plan.lease is LeaseStep.FORCE)
             except (LeaseHeldError, KubeError) as exc:
                 foreign = isinstance(exc, LeaseHeldError)
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()
