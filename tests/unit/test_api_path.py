@@ -95,3 +95,14 @@ async def test_a_crafted_daemonset_owner_is_not_fetched_and_not_a_daemonset(
     }
     assert good.call_count == 1
     assert anything.call_count == 0  # nothing else was requested
+
+
+async def test_a_crafted_node_name_is_a_missing_node_without_a_request(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    anything = api_server.route(name="anything").respond(200, json={})
+    reconciler = Reconciler.__new__(Reconciler)
+    reconciler.kube = kube
+    reconciler.nodes = SimpleNamespace(get=lambda name: None)  # type: ignore[assignment]
+    assert await reconciler._node("../../api/v1/namespaces/kube-system/secrets/x") is None
+    assert anything.call_count == 0
