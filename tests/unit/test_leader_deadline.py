@@ -102,3 +102,17 @@ async def test_each_request_gets_the_deadline_as_its_budget_without_retries(
     async with asyncio.timeout(2):
         assert await elector._attempt(0.2) is False
     assert route.call_count == 1
+
+
+@pytest.mark.parametrize(
+    ("lease", "renew", "retry"),
+    [(10.0, 10.0, 2.0), (10.0, 15.0, 2.0), (10.0, 0.0, 2.0), (15, 10, 0)],
+)
+def test_settings_that_let_two_leaders_overlap_are_refused(
+    lease: float, renew: float, retry: float
+) -> None:
+    with pytest.raises(ValueError, match="leader election"):
+        LeaderSettings(
+            namespace="n", name="l", identity="me",
+            lease_duration=lease, renew_deadline=renew, retry_period=retry,
+        )  # fmt: skip

@@ -45,6 +45,17 @@ class LeaderSettings:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
 
+    def __post_init__(self) -> None:
+        # client-go's rule: the leader must give up (renew_deadline) before a
+        # standby may take over (lease_duration), or two leaders overlap.
+        if not 0 < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"leader election: renew deadline ({self.renew_deadline}s) must be "
+                f"positive and shorter than the lease duration ({self.lease_duration}s)"
+            )
+        if self.retry_period <= 0:
+            raise ValueError(f"leader election: retry period must be positive: {self.retry_period}")
+
 
 class LeadershipLost(Exception):
     """The leader could not renew its lease in time."""
@@ -158,11 +169,12 @@ class LeaderElector:
         self.transitions += 1
         log.info("leader election: became leader as %s", self.s.identity)
         leading = asyncio.create_task(lead(), name="leader-work")
+        self._last_ok = started
         try:
             await self._renew_until_lost(leading, last_ok=started)
         finally:
             self.is_leader = False
-            await self._stop(leading, started)
+            await self._stop(leading, self._last_ok)
 
     async def _stop(self, leading: asyncio.Task[None], since: float) -> None:
         """Cancel the leader's work and wait for it to stop, but not past the lease."""
@@ -179,7 +191,6 @@ class LeaderElector:
     async def _renew_until_lost(self, leading: asyncio.Task[None], *, last_ok: float) -> None:
         """Renew every ``retry_period``; raise once ``renew_deadline`` has passed
         since the last successful renewal began (``last_ok``)."""
-        self._last_ok = last_ok
         while not leading.done():
             left = last_ok + self.s.renew_deadline - self.clock()
             sleep = asyncio.ensure_future(asyncio.sleep(min(self.s.retry_period, max(left, 0.0))))
