@@ -169,6 +169,7 @@ def test_redact_by_shape_keeps_what_diagnosis_needs() -> None:
         "maintenance nm-1: evicting web-0 (--grace-period 30)",
         "cordoned node worker-1; key node.kubernetes.io/unschedulable",
         "uid 6f1d6a6e-8a3b-4b5e-9b0a-3c2d1e0f9a8b",
+        "--tls-private-key-file /etc/tls/tls.key --secret-name db",
     ]
     for text in kept:
         assert bundle.redact_text(text) == text
@@ -183,6 +184,7 @@ def test_redact_objects_by_name_and_shape() -> None:
             "containers": [
                 {
                     "args": ["--token", "abc123secret", "--verbose", "--password=p4ss"],
+                    "command": ["app", "--key-file", "/etc/k.pem"],
                     "env": [
                         {"name": "DB_PASS", "value": "correcthorse"},
                         {"name": "SIGNING_KEY", "value": "k3y"},
@@ -199,6 +201,7 @@ def test_redact_objects_by_name_and_shape() -> None:
     for secret in ("pw-in-url", "MIIEowIB", "abc123secret", "p4ss", "correcthorse", "k3y", "cr3d"):
         assert secret not in text
     assert out["spec"]["containers"][0]["args"][2] == "--verbose"
+    assert out["spec"]["containers"][0]["command"][2] == "/etc/k.pem"
     assert out["spec"]["tolerations"][0]["key"] == "node.kubernetes.io/unschedulable"
     assert set(out["data"].values()) == {bundle.REDACTED}
 

@@ -63,6 +63,8 @@ _FLAG = re.compile(rf"(?i)^--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*$")
 _FLAG_VALUE = re.compile(
     rf"(?i)(?<![\w-])(--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*)(=|\s+)(?!-)(\"?)[^\s\"]+"
 )
+# ``--tls-private-key-file /etc/tls/key.pem`` names where a secret is, not the secret
+_FLAG_NAMES_A_THING = re.compile(r"(?i)[-_](file|path|dir|name|ref)$")
 _BLOB = re.compile(r"(?<![A-Za-z0-9+/_:-])[A-Za-z0-9+/_-]{40,}={0,2}")
 _HEX = re.compile(r"(?<![0-9A-Za-z:])[0-9a-fA-F]{32,}(?![0-9A-Za-z])")
 
@@ -75,6 +77,16 @@ def _blob(match: re.Match[str]) -> str:
     return REDACTED if mixed and any(ch.isdigit() for ch in text) else text
 
 
+def _is_secret_flag(flag: str) -> bool:
+    return _FLAG.match(flag) is not None and _FLAG_NAMES_A_THING.search(flag) is None
+
+
+def _flag_value(match: re.Match[str]) -> str:
+    if not _is_secret_flag(match.group(1)):
+        return match.group(0)
+    return match.group(1) + match.group(2) + match.group(3) + REDACTED
+
+
 def redact_text(text: str) -> str:
     """Scrub credentials from free text, by shape: PEM blocks, URL passwords,
     JWTs, bearer tokens, ``token=...``-like pairs, secret-looking flag values
@@ -83,7 +95,7 @@ def redact_text(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _JWT.sub(REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    text = _FLAG_VALUE.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + REDACTED, text)
+    text = _FLAG_VALUE.sub(_flag_value, text)
     text = _KEYVAL.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
     text = _HEX.sub(REDACTED, text)
     return _BLOB.sub(_blob, text)
@@ -117,7 +129,7 @@ def redact(value: Any, *, _key: str = "") -> Any:
         # ["--token", "abc"]: the argument after a secret-looking flag is its value
         for i in range(1, len(items)):
             before, this = value[i - 1], items[i]
-            flag = isinstance(before, str) and _FLAG.match(before) is not None
+            flag = isinstance(before, str) and _is_secret_flag(before)
             if flag and isinstance(this, str) and not this.startswith("-"):
                 items[i] = REDACTED
         return items
