@@ -106,3 +106,20 @@ async def test_a_crafted_node_name_is_a_missing_node_without_a_request(
     reconciler.nodes = SimpleNamespace(get=lambda name: None)  # type: ignore[assignment]
     assert await reconciler._node("../../api/v1/namespaces/kube-system/secrets/x") is None
     assert anything.call_count == 0
+
+
+async def test_nmo_plan_does_not_follow_a_crafted_daemonset_owner(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    from nmo.ops.observe import observe
+
+    crafted = "x/../../../../../../../api/v1/namespaces/ns/secrets/s"
+    api_server.get("/api/v1/nodes/n1").respond(json={"metadata": {"name": "n1"}})
+    api_server.get("/api/v1/pods").respond(json={"metadata": {}, "items": [_pod(crafted)]})
+    api_server.get("/apis/policy/v1/namespaces/ns/poddisruptionbudgets").respond(
+        json={"metadata": {}, "items": []}
+    )
+    anything = api_server.route(name="anything").respond(200, json={})
+    state = await observe(kube, "n1")
+    assert state.daemonsets == {f"ns/{crafted}": False}
+    assert anything.call_count == 0
