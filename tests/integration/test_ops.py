@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 import subprocess
 import sys
 import tarfile
@@ -229,6 +230,84 @@ async def test_gather_bundle(
         await api.delete(
             f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{vwc}"
         )
+
+
+PEM_BODY = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj"
+
+
+async def test_gather_bundle_carries_no_workload_secret_and_is_private(
+    sandbox: Sandbox,
+    operator: Operator,
+    api: Api,
+    namespace: str,
+    node_factory: Any,
+    tmp_path: Path,
+) -> None:
+    """Issue 14 item 5: a pod on a maintained node with a secret in every shape
+    (env DB_PASS, a URL password and a PEM key in annotations, ``--token``
+    in args) leaves none of them in the bundle; every file is 0600."""
+    mark = uid()
+    secrets = {
+        "env": f"dbpass{mark}value",
+        "url": f"urlpw{mark}",
+        "args": f"abc123secret{mark}",
+        "pem": PEM_BODY,
+    }
+    (target,) = await node_factory(1)
+    spec = pod_spec(node_name=target)
+    spec["containers"][0]["env"] = [{"name": "DB_PASS", "value": secrets["env"]}]
+    spec["containers"][0]["args"] = ["--token", secrets["args"]]
+    pem = f"-----BEGIN PRIVATE KEY-----\n{PEM_BODY}\n-----END PRIVATE KEY-----\n"
+    annotations = {
+        "example.com/db": f"postgres://app:{secrets['url']}@db.internal:5432/app",
+        "example.com/tls-key": pem,
+    }
+    pod = "leaky"
+    await api.create(
+        f"/api/v1/namespaces/{namespace}/pods",
+        {
+            "metadata": {
+                "name": pod,
+                "annotations": annotations,
+                # left alone by the drain, so it is still on the node when gathered
+                "labels": {"nodemaintenance.medik8s.io/drain": "skip"},
+            },
+            "spec": spec,
+        },
+    )
+    name = f"gather-{uid()}"
+    await api.create_nm(name, target)
+    try:
+        await wait_phase(api, name, "Succeeded")
+        result = await nmo(
+            "gather", "--kubeconfig", str(sandbox.kubeconfig), "--dest", str(tmp_path)
+        )
+        assert result.returncode == 0, result.stderr
+        directory, archive = (Path(p) for p in result.stdout.split())
+        files = [p for p in directory.rglob("*") if p.is_file()]
+        listed = (directory / "pods-on-maintained-nodes.yaml").read_text()
+        assert f"name: {pod}" in listed  # the pod is there, its secrets are not
+        leaks = {
+            str(path.relative_to(directory)): leaked
+            for path in files
+            if (leaked := [k for k, v in secrets.items() if v in path.read_text()])
+        }
+        assert not leaks, f"secrets in the bundle: {leaks}"
+        wide = {str(p.relative_to(directory)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+        assert set(wide.values()) == {"0o600"}, wide
+        for sub in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
+            assert stat.S_IMODE(sub.stat().st_mode) == 0o700, sub
+        assert stat.S_IMODE(archive.stat().st_mode) == 0o600
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                assert member.mode & 0o077 == 0, member.name
+                data = tar.extractfile(member) if member.isfile() else None
+                if data is not None:
+                    text = data.read().decode()
+                    leaked = [k for k, v in secrets.items() if v in text]
+                    assert not leaked, f"{leaked} in {member.name} (archive)"
+    finally:
+        await remove_nm(api, name)
 
 
 async def restricted_kubeconfig(sandbox: Sandbox, api: Api, namespace: str, path: Path) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -30,7 +30,7 @@ async def test_a_deleted_lease_namespace_is_recreated(
         ]
     )
     ns = api_server.post("/api/v1/namespaces").respond(201, json={})
-    decision = await LeaseClient(kube, "medik8s-leases").request(NODE, NOW)
+    decision = await LeaseClient(kube, "medik8s-leases", clock=lambda: NOW).request(NODE)
     assert decision.action is Action.CREATE
     assert ns.call_count == 1
     assert create.call_count == 2
@@ -51,7 +51,7 @@ async def test_foreign_lease_raises_with_the_guide_message(
         },
     )
     with pytest.raises(LeaseHeldError) as info:
-        await LeaseClient(kube, "medik8s-leases").request(NODE, NOW)
+        await LeaseClient(kube, "medik8s-leases", clock=lambda: NOW).request(NODE)
     assert str(info.value) == (
         "can't update or invalidate the lease because it is held by different owner: "
         "node-healthcheck"
@@ -87,6 +87,51 @@ async def test_renew_conflict_rereads_once(api_server: respx.MockRouter, kube: K
             httpx.Response(200, json=mine),
         ]
     )
-    decision = await LeaseClient(kube, "medik8s-leases").request(NODE, NOW)
+    decision = await LeaseClient(kube, "medik8s-leases", clock=lambda: NOW).request(NODE)
     assert decision.action is Action.RENEW
     assert put.call_count == 2
+
+
+def _foreign(renewed: datetime) -> dict[str, object]:
+    return {
+        "metadata": {"name": "node-n1", "resourceVersion": "5", "uid": "l1"},
+        "spec": {
+            "holderIdentity": "node-healthcheck",
+            "leaseDurationSeconds": 3600,
+            "renewTime": format_micro(renewed),
+            "acquireTime": format_micro(renewed - timedelta(hours=5)),
+        },
+    }
+
+
+async def test_a_renewal_landing_during_the_read_is_not_taken_over(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    """The lease had lapsed when the pass began; NHC renewed it while nmo's GET
+    was in flight. Decided with a ``now`` from before the read, the renewal
+    looked like the future and the lease was taken."""
+    clock = [NOW]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        clock[0] = NOW + timedelta(milliseconds=500)  # the read took half a second
+        return httpx.Response(200, json=_foreign(NOW + timedelta(milliseconds=500)))
+
+    api_server.get(f"{LEASES}/node-n1").mock(side_effect=answer)
+    put = api_server.put(f"{LEASES}/node-n1").respond(200, json={})
+    leases = LeaseClient(kube, "medik8s-leases", clock=lambda: clock[0])
+    with pytest.raises(LeaseHeldError):
+        await leases.request(NODE)
+    assert put.call_count == 0
+
+
+async def test_a_foreign_lease_is_expired_only_past_the_skew(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    lease = _foreign(NOW - timedelta(seconds=3601))  # 1 s past renewTime + duration
+    api_server.get(f"{LEASES}/node-n1").respond(200, json=lease)
+    put = api_server.put(f"{LEASES}/node-n1").respond(200, json={})
+    with pytest.raises(LeaseHeldError):
+        await LeaseClient(kube, "medik8s-leases", clock=lambda: NOW).request(NODE)
+    later = LeaseClient(kube, "medik8s-leases", clock=lambda: NOW + timedelta(seconds=2))
+    assert (await later.request(NODE)).action is Action.TAKE_OVER
+    assert put.call_count == 1

@@ -33,7 +33,18 @@ def lease(
         (lease("node-maintenance", NOW - timedelta(hours=2)), Action.RENEW),
         (lease("node-healthcheck", NOW - timedelta(minutes=10)), Action.FOREIGN),
         (lease("node-healthcheck", NOW), Action.FOREIGN),
-        (lease("node-healthcheck", NOW - timedelta(seconds=3601)), Action.TAKE_OVER),
+        # expired only once renewTime + duration + 2 s skew has passed
+        (lease("node-healthcheck", NOW - timedelta(seconds=3601)), Action.FOREIGN),
+        (lease("node-healthcheck", NOW - timedelta(seconds=3602)), Action.FOREIGN),
+        (
+            lease("node-healthcheck", NOW - timedelta(seconds=3602, microseconds=1)),
+            Action.TAKE_OVER,
+        ),
+        (lease("node-healthcheck", NOW - timedelta(seconds=3603)), Action.TAKE_OVER),
+        # a renewal that landed while nmo read the lease, or a clock a little ahead
+        (lease("node-healthcheck", NOW + timedelta(seconds=1)), Action.FOREIGN),
+        (lease("node-healthcheck", NOW + timedelta(seconds=2)), Action.FOREIGN),
+        (lease("node-healthcheck", NOW + timedelta(seconds=3)), Action.TAKE_OVER),
         (lease("node-healthcheck", NOW + timedelta(minutes=5)), Action.TAKE_OVER),
         (lease("node-healthcheck", None), Action.TAKE_OVER),
         (lease("", NOW), Action.TAKE_OVER),

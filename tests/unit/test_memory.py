@@ -10,7 +10,6 @@ after a watch gap), and a renewal never creates a lease.
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -97,7 +96,7 @@ async def test_a_renewal_never_recreates_a_released_lease(
     leases = LeaseClient(kube, "medik8s-leases")
     node = {"metadata": {"name": "n1", "uid": "u1"}}
     with pytest.raises(LeaseLost, match="node-n1 no longer exists"):
-        await leases.request(node, datetime.now(UTC), force=True, renew_only=True)
+        await leases.request(node, force=True, renew_only=True)
     assert create.call_count == 0
 
 

@@ -131,3 +131,129 @@ def test_redact_json_inside_annotations() -> None:
     text = out["metadata"]["annotations"]["last-applied"]
     assert "plain-text-pw" not in text and bundle.REDACTED in text
     assert bundle.redact({"note": "{not json"}) == {"note": "{not json"}
+
+
+# -- secrets by shape (issue 14, item 5) ---------------------------------------
+
+PEM = (
+    "-----BEGIN RSA PRIVATE KEY-----\n"
+    "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+    "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n"
+    "-----END RSA PRIVATE KEY-----"
+)
+SECRETS = {
+    "url": ("postgres://app:hunter2pass@db.internal:5432/app", "hunter2pass"),
+    "flag-space": ("run --token abc123secret --verbose", "abc123secret"),
+    "flag-equals": ("run --password=s3cr3tpw", "s3cr3tpw"),
+    "flag-secret": ("--client-secret zzTopSecret9", "zzTopSecret9"),
+    "pem": (f"key:\n{PEM}\n", "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun"),
+    "env-pair": ("DB_PASS=correcthorse", "correcthorse"),
+    "hex": ("digest deadbeefdeadbeefdeadbeefdeadbeef01234567", "deadbeefdeadbeefdeadbeefdeadbeef"),
+    "base64": ("blob QWxhZGRpbjpvcGVuIHNlc2FtZQ9xYzRkNTY3ODkwYWJjZGVm", "QWxhZGRpbjpvcGVu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SECRETS))
+def test_redact_text_by_shape(case: str) -> None:
+    text, secret = SECRETS[case]
+    out = bundle.redact_text(text)
+    assert secret not in out
+    assert bundle.REDACTED in out
+
+
+def test_redact_by_shape_keeps_what_diagnosis_needs() -> None:
+    kept = [
+        "https://db.internal:5432/app",
+        "registry.k8s.io/pause@sha256:7031c1b283388d2c2e09b57badb803c05ebed362dc88d84b480cc47f72a21097",
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "maintenance nm-1: evicting web-0 (--grace-period 30)",
+        "cordoned node worker-1; key node.kubernetes.io/unschedulable",
+        "uid 6f1d6a6e-8a3b-4b5e-9b0a-3c2d1e0f9a8b",
+        "--tls-private-key-file /etc/tls/tls.key --secret-name db",
+    ]
+    for text in kept:
+        assert bundle.redact_text(text) == text
+
+
+def test_redact_objects_by_name_and_shape() -> None:
+    pod = {
+        "metadata": {
+            "annotations": {"db": "postgres://u:pw-in-url@h/db", "cert": PEM},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "args": ["--token", "abc123secret", "--verbose", "--password=p4ss"],
+                    "command": ["app", "--key-file", "/etc/k.pem"],
+                    "env": [
+                        {"name": "DB_PASS", "value": "correcthorse"},
+                        {"name": "SIGNING_KEY", "value": "k3y"},
+                        {"name": "AWS_CREDENTIALS", "value": "cr3d"},
+                    ],
+                }
+            ],
+            "tolerations": [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}],
+        },
+        "data": {"apiKey": "x1", "dbPassword": "x2", "Secret": "x3"},
+    }
+    out = bundle.redact(pod)
+    text = str(out)
+    for secret in ("pw-in-url", "MIIEowIB", "abc123secret", "p4ss", "correcthorse", "k3y", "cr3d"):
+        assert secret not in text
+    assert out["spec"]["containers"][0]["args"][2] == "--verbose"
+    assert out["spec"]["containers"][0]["command"][2] == "/etc/k.pem"
+    assert out["spec"]["tolerations"][0]["key"] == "node.kubernetes.io/unschedulable"
+    assert set(out["data"].values()) == {bundle.REDACTED}
+
+
+def test_pod_for_diagnosis_keeps_only_the_allow_list() -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web-0",
+            "namespace": "shop",
+            "uid": "u1",
+            "labels": {"app": "web"},
+            "ownerReferences": [{"kind": "StatefulSet", "name": "web", "controller": True}],
+            "deletionTimestamp": "2026-12-01T00:00:00Z",
+            "annotations": {
+                c.DRAIN_ORDER_ANNOTATION: "2",
+                c.MIRROR_POD_ANNOTATION: "abc",
+                "example.com/db-url": "postgres://u:p@h",
+            },
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "priorityClassName": "high",
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"name": "c", "args": ["--token", "t"], "env": [{"name": "A"}]}],
+            "volumes": [
+                {"name": "data", "emptyDir": {}},
+                {"name": "creds", "secret": {"secretName": "db"}},
+            ],
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready"}], "podIP": "10.0.0.1"},
+    }
+    out = bundle.pod_for_diagnosis(pod)
+    assert out == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web-0",
+            "namespace": "shop",
+            "uid": "u1",
+            "labels": {"app": "web"},
+            "ownerReferences": [{"kind": "StatefulSet", "name": "web", "controller": True}],
+            "deletionTimestamp": "2026-12-01T00:00:00Z",
+            "annotations": {c.DRAIN_ORDER_ANNOTATION: "2", c.MIRROR_POD_ANNOTATION: "abc"},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "priorityClassName": "high",
+            "terminationGracePeriodSeconds": 30,
+            "volumes": [{"name": "data", "type": "emptyDir"}, {"name": "creds", "type": "secret"}],
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready"}]},
+    }

@@ -6,6 +6,7 @@ exception types.
 
     KubeError
     ├── NotFound            404
+    │   └── InvalidName     a name no object can have, refused before any request
     ├── Conflict            409 (resourceVersion mismatch)
     │   └── AlreadyExists   409 with reason AlreadyExists
     ├── Gone                410 (watch resourceVersion too old)
@@ -56,6 +57,16 @@ class KubeError(Exception):
 
 class NotFound(KubeError):
     status_code = 404
+
+
+class InvalidName(NotFound):
+    """A name that is not a valid Kubernetes name was about to become a path.
+
+    Raised by :func:`nmo.core.kube.api_path` before any request is made. It is
+    a :class:`NotFound` because no object can have such a name: a caller that
+    treats a missing object as missing (a DaemonSet owner that does not exist,
+    a node that is not there) does the right thing without knowing of it.
+    """
 
 
 class Conflict(KubeError):

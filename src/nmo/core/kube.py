@@ -33,8 +33,9 @@ import kr8s.asyncio
 
 from nmo import __version__
 from nmo.api import constants as c
+from nmo.api.names import name_error
 from nmo.core import backoff
-from nmo.core.errors import KubeError, Transient, error_for_status
+from nmo.core.errors import InvalidName, KubeError, Transient, error_for_status
 
 log = logging.getLogger("nmo.kube")
 
@@ -88,13 +89,26 @@ def api_path(
     namespace: str | None = None,
     subresource: str | None = None,
 ) -> str:
-    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` for a resource."""
+    """``/api/v1/...`` or ``/apis/<group>/<version>/...`` for a resource.
+
+    ``name`` and ``namespace`` often come from objects other people wrote (an
+    ownerReference, a CR's nodeName): one that is not a valid Kubernetes name
+    raises :class:`InvalidName` instead of becoming a path nobody meant
+    (``../``, ``?``, ``%2F``). ``group_version``, ``plural`` and
+    ``subresource`` are nmo's own constants.
+    """
+    # An empty name is refused too (it would address the whole collection);
+    # an empty namespace means "all namespaces", as before.
+    for value, is_namespace in ((namespace or None, True), (name, False)):
+        if value is not None and (why := name_error(value, namespace=is_namespace)) is not None:
+            what = "namespace" if is_namespace else f"{plural} name"
+            raise InvalidName(f"invalid {what} {value!r}: {why}", status_code=404, reason="Invalid")
     base = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
     parts = [base]
     if namespace:
         parts += ["namespaces", namespace]
     parts.append(plural)
-    if name:
+    if name is not None:
         parts.append(name)
     if subresource:
         parts.append(subresource)

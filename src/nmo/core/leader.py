@@ -8,6 +8,15 @@ between replicas does not matter). The leader renews every
 ``retry_period``; if it cannot renew for ``renew_deadline`` it steps down
 and the process exits so that it restarts as a clean standby. On a clean
 shutdown the leader releases the lease so the standby takes over at once.
+
+The deadline is a bound, not a check made afterwards: every attempt runs
+under ``asyncio.timeout`` of what is left of ``renew_deadline`` since the
+last successful renewal began, and its requests have their own budget (no
+boundary retries, the same timeout), so a stalled apiserver cannot keep a
+renewal in flight past it. When it passes, the leader's work (the engine's
+leader-only runnables) is cancelled and awaited before :class:`LeadershipLost`
+is raised, all before ``lease_duration`` (> ``renew_deadline``) lets a standby
+take over.
 """
 
 from __future__ import annotations
@@ -36,18 +45,37 @@ class LeaderSettings:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
 
+    def __post_init__(self) -> None:
+        # client-go's rule: the leader must give up (renew_deadline) before a
+        # standby may take over (lease_duration), or two leaders overlap.
+        if not 0 < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                f"leader election: renew deadline ({self.renew_deadline}s) must be "
+                f"positive and shorter than the lease duration ({self.lease_duration}s)"
+            )
+        if self.retry_period <= 0:
+            raise ValueError(f"leader election: retry period must be positive: {self.retry_period}")
+
 
 class LeadershipLost(Exception):
     """The leader could not renew its lease in time."""
 
 
 class LeaderElector:
-    def __init__(self, kube: Kube, settings: LeaderSettings) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: LeaderSettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.s = settings
+        self.clock = clock
         self.is_leader = False
         self._observed: tuple[str, str] | None = None  # (holder, renewTime)
         self._observed_at = 0.0
+        self._last_ok = 0.0  # clock() when the last successful renewal began
         self.transitions = 0
 
     @property
@@ -77,16 +105,29 @@ class LeaderElector:
             "spec": spec,
         }
 
-    async def try_acquire_or_renew(self) -> bool:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, timeout: float | None
+    ) -> dict[str, Any]:
+        """One leader-election request: its own budget, no boundary retries
+        when bounded (the renew loop retries within the deadline itself)."""
+        if timeout is None:
+            return await self.kube.request(method, path, body=body)
+        return await self.kube.request(
+            method, path, body=body, retry=False, timeout=max(timeout, 0.001)
+        )
+
+    async def try_acquire_or_renew(self, *, timeout: float | None = None) -> bool:
         try:
-            lease: dict[str, Any] | None = await self.kube.get(self.path)
+            lease: dict[str, Any] | None = await self._call("GET", self.path, timeout=timeout)
         except NotFound:
             lease = None
         if lease is None:
             try:
-                await self.kube.create(
+                await self._call(
+                    "POST",
                     api_path("coordination.k8s.io/v1", "leases", namespace=self.s.namespace),
                     self._body(None),
+                    timeout=timeout,
                 )
                 return True
             except (AlreadyExists, Conflict):
@@ -95,47 +136,74 @@ class LeaderElector:
         holder = str(spec.get("holderIdentity") or "")
         observed = (holder, str(spec.get("renewTime") or ""))
         if observed != self._observed:
-            self._observed, self._observed_at = observed, time.monotonic()
-        expired = time.monotonic() - self._observed_at > self.s.lease_duration
+            self._observed, self._observed_at = observed, self.clock()
+        expired = self.clock() - self._observed_at > self.s.lease_duration
         if holder and holder != self.s.identity and not expired:
             return False
         try:
-            await self.kube.replace(self.path, self._body(lease))
+            await self._call("PUT", self.path, self._body(lease), timeout=timeout)
         except Conflict:
             return False
         return True
+
+    async def _attempt(self, budget: float) -> bool:
+        """One acquire-or-renew, cancelled when ``budget`` seconds have passed."""
+        try:
+            async with asyncio.timeout(budget):
+                return await self.try_acquire_or_renew(timeout=budget)
+        except TimeoutError:
+            log.warning("leader election: no answer from the API server within %.1fs", budget)
+        except KubeError as exc:
+            log.warning("leader election: %s", exc)
+        return False
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Wait for leadership, then run ``lead`` while renewing; raise on loss."""
         log.info("leader election: waiting for lease %s/%s", self.s.namespace, self.s.name)
         while True:
-            try:
-                if await self.try_acquire_or_renew():
-                    break
-            except KubeError as exc:
-                log.warning("leader election: %s", exc)
+            started = self.clock()
+            if await self._attempt(self.s.renew_deadline):
+                break
             await asyncio.sleep(self.s.retry_period)
         self.is_leader = True
         self.transitions += 1
         log.info("leader election: became leader as %s", self.s.identity)
         leading = asyncio.create_task(lead(), name="leader-work")
+        self._last_ok = started
         try:
-            await self._renew_until_lost(leading)
+            await self._renew_until_lost(leading, last_ok=started)
         finally:
             self.is_leader = False
-            leading.cancel()
+            await self._stop(leading, self._last_ok)
 
-    async def _renew_until_lost(self, leading: asyncio.Task[None]) -> None:
-        last_ok = time.monotonic()
+    async def _stop(self, leading: asyncio.Task[None], since: float) -> None:
+        """Cancel the leader's work and wait for it to stop, but not past the lease."""
+        if leading.done():
+            return
+        leading.cancel()
+        grace = max(self.s.lease_duration - (self.clock() - since), 0.0)
+        done, _ = await asyncio.wait({leading}, timeout=grace)
+        if not done:
+            log.error(
+                "leader election: leader work still running %.1fs after losing the lease", grace
+            )
+
+    async def _renew_until_lost(self, leading: asyncio.Task[None], *, last_ok: float) -> None:
+        """Renew every ``retry_period``; raise once ``renew_deadline`` has passed
+        since the last successful renewal began (``last_ok``)."""
         while not leading.done():
-            await asyncio.sleep(self.s.retry_period)
-            try:
-                if await self.try_acquire_or_renew():
-                    last_ok = time.monotonic()
-                    continue
-            except KubeError as exc:
-                log.warning("leader election: renew failed: %s", exc)
-            if time.monotonic() - last_ok > self.s.renew_deadline:
+            left = last_ok + self.s.renew_deadline - self.clock()
+            sleep = asyncio.ensure_future(asyncio.sleep(min(self.s.retry_period, max(left, 0.0))))
+            await asyncio.wait({leading, sleep}, return_when=asyncio.FIRST_COMPLETED)
+            sleep.cancel()
+            if leading.done():
+                break
+            started = self.clock()
+            left = last_ok + self.s.renew_deadline - started
+            if left > 0 and await self._attempt(left):
+                last_ok = self._last_ok = started
+                continue
+            if self.clock() - last_ok >= self.s.renew_deadline:
                 raise LeadershipLost(
                     f"could not renew leader lease within {self.s.renew_deadline}s"
                 )

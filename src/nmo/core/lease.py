@@ -6,11 +6,16 @@ conflict re-reads once). A renewal never creates a lease: a lease that
 disappeared while held (released, or deleted by someone) is reported as a
 failed renewal, so a renewer that outlives its maintenance cannot re-create
 a released lease.
+
+Time is read from the injected clock *after* the lease is: a ``now`` taken
+before the GET would make a foreign renewal that landed in between look like
+an invalid (future) renewal and the lease look free to take.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nmo.api import constants as c
@@ -52,8 +57,10 @@ class LeaseClient:
         *,
         holder: str = c.LEASE_HOLDER,
         renew_after: timedelta = timedelta(minutes=5),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.kube = kube
+        self.clock = clock
         self.namespace = namespace
         self.holder = holder
         self.renew_after = renew_after
@@ -91,7 +98,7 @@ class LeaseClient:
             return None
 
     async def request(
-        self, node: dict[str, Any], now: datetime, *, force: bool = False, renew_only: bool = False
+        self, node: dict[str, Any], *, force: bool = False, renew_only: bool = False
     ) -> Decision:
         """Hold the lease for the node or raise LeaseHeldError / LeaseLost / KubeError.
 
@@ -100,6 +107,7 @@ class LeaseClient:
         name = str(node["metadata"]["name"])
         for attempt in range(2):
             lease = await self.get(name)
+            now = self.clock()  # after the read: see the module docstring
             decision = decide(lease, now, holder=self.holder, renew_after=self.renew_after)
             if force and decision.action is Action.KEEP:
                 decision = Decision(Action.RENEW, decision.holder, decision.expires)

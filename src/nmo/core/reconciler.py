@@ -30,7 +30,7 @@ from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
 from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
-from nmo.core.errors import Conflict, KubeError, NotFound
+from nmo.core.errors import Conflict, InvalidName, KubeError, NotFound
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, nm_path, node_path
 from nmo.core.lease import LeaseClient, LeaseHeldError
@@ -198,6 +198,16 @@ class Reconciler:
             try:
                 await self.kube.get(api_path("apps/v1", "daemonsets", namespace=ns, name=name))
                 record.daemonsets[owner] = True
+            except InvalidName as exc:
+                # No DaemonSet can have that name: the pod is evicted, as kubectl
+                # would, and nothing is requested for it.
+                log.warning(
+                    "pod %s names DaemonSet owner %r, not a valid name: evicting it as unmanaged",
+                    podselect.pod_key(pod),
+                    name,
+                    extra={"node": record.node, "error": str(exc)},
+                )
+                record.daemonsets[owner] = False
             except NotFound:
                 record.daemonsets[owner] = False
 
@@ -219,7 +229,7 @@ class Reconciler:
             if not record.lease_held and not await self._confirmed(obs.nm):
                 return DONE
             try:
-                await self.leases.request(obs.node, obs.now, force=plan.lease is LeaseStep.FORCE)
+                await self.leases.request(obs.node, force=plan.lease is LeaseStep.FORCE)
             except (LeaseHeldError, KubeError) as exc:
                 foreign = isinstance(exc, LeaseHeldError)
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from nmo.core.errors import KubeError
@@ -58,7 +57,7 @@ class LeaseRenewers:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                await self.leases.request(node, datetime.now(UTC), force=True, renew_only=True)
+                await self.leases.request(node, force=True, renew_only=True)
                 self.metrics.lease_renewals.inc()
                 log.debug("lease renewed for node %s", record.node, extra={"node": record.node})
             except (LeaseHeldError, LeaseLost, KubeError) as exc:

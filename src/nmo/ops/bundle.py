@@ -1,9 +1,20 @@
 """What goes into a must-gather bundle, as pure functions.
 
 A bundle is handed to people outside the cluster, so it must never carry a
-credential: :func:`redact` scrubs collected objects (values of keys that name
-a token, password or secret, env values whose name does, bearer tokens and
-JWTs anywhere in a string) and :func:`redact_text` does the same for logs.
+credential. Two defences, because names alone miss too much (``DB_PASS``,
+``postgres://user:password@host``, a PEM key in an annotation, ``--token
+<value>`` in args):
+
+- collect only what diagnosis needs: pods of other people's workloads are
+  cut down to an allow-list of fields (:func:`pod_for_diagnosis`: no env,
+  args, command or foreign annotations);
+- redact by name *and* by shape in everything written
+  (:func:`redact` for objects, :func:`redact_text` for logs, events and
+  summaries): values of keys naming a pass/secret/token/key/credential, env
+  values whose name does, URL userinfo passwords, PEM blocks, the value after
+  ``--token``/``--password``/``--secret``-style flags, bearer tokens, JWTs and
+  long base64/hex blobs.
+
 Secrets themselves are never read. The other helpers decide which objects
 are relevant (PDBs covering pods on maintained nodes, the webhook
 configurations of ``vnodemaintenance.kb.io``, maintenance events) and how the
@@ -35,25 +46,59 @@ MAINTENANCE_REASONS = tuple(
     )
 )
 
-_SENSITIVE_KEY = re.compile(
-    r"token|passw(or)?d|secret|credential|api[-_]?key|private[-_]?key|auth(orization)?$",
-    re.IGNORECASE,
-)
-# Names of things, not the things: secretName, tokenSecretRef name, ...
-_NAME_KEY = re.compile(r"(name|ref|path|expirationseconds|audience)s?$", re.IGNORECASE)
+_SECRET_WORD = r"pass(?:word|wd)?|secret|token|key|credential"
+_SENSITIVE_KEY = re.compile(rf"{_SECRET_WORD}|auth(?:orization)?$", re.IGNORECASE)
+# Names of things, not the things: secretName, tokenSecretRef name, the
+# ``key`` of a taint, toleration, selector requirement or secretKeyRef, ...
+_NAME_KEY = re.compile(r"(name|ref|path|expirationseconds|audience)s?$|^keys?$", re.IGNORECASE)
 _JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 _KEYVAL = re.compile(
-    r"(?i)\b((?:[a-z_]*token|password|passwd|secret|api[-_]?key)[a-z_]*\"?\s*[=:]\s*)"
-    r"(\"?)[^\s\"',}]{4,}"
+    r"(?i)\b((?:[a-z_]*(?:token|pass(?:word|wd)?|secret|api[-_]?key|private[-_]?key|credential))"
+    r"[a-z_]*\"?\s*[=:]\s*)(\"?)[^\s\"',}]{4,}"
 )
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL)
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
+_FLAG = re.compile(rf"(?i)^--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*$")
+_FLAG_VALUE = re.compile(
+    rf"(?i)(?<![\w-])(--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*)(=|\s+)(?!-)(\"?)[^\s\"]+"
+)
+# ``--tls-private-key-file /etc/tls/key.pem`` names where a secret is, not the secret
+_FLAG_NAMES_A_THING = re.compile(r"(?i)[-_](file|path|dir|name|ref)$")
+_BLOB = re.compile(r"(?<![A-Za-z0-9+/_:-])[A-Za-z0-9+/_-]{40,}={0,2}")
+_HEX = re.compile(r"(?<![0-9A-Za-z:])[0-9a-fA-F]{32,}(?![0-9A-Za-z])")
+
+
+def _blob(match: re.Match[str]) -> str:
+    """A long run of base64 with upper, lower and digits looks random: a key,
+    not a path or a name (which are lowercase or carry separators)."""
+    text = match.group(0)
+    mixed = any(ch.isupper() for ch in text) and any(ch.islower() for ch in text)
+    return REDACTED if mixed and any(ch.isdigit() for ch in text) else text
+
+
+def _is_secret_flag(flag: str) -> bool:
+    return _FLAG.match(flag) is not None and _FLAG_NAMES_A_THING.search(flag) is None
+
+
+def _flag_value(match: re.Match[str]) -> str:
+    if not _is_secret_flag(match.group(1)):
+        return match.group(0)
+    return match.group(1) + match.group(2) + match.group(3) + REDACTED
 
 
 def redact_text(text: str) -> str:
-    """Scrub JWTs, bearer tokens and ``token=...``-like pairs from free text."""
+    """Scrub credentials from free text, by shape: PEM blocks, URL passwords,
+    JWTs, bearer tokens, ``token=...``-like pairs, secret-looking flag values
+    and long random-looking blobs (hex, base64)."""
+    text = _PEM.sub(REDACTED, text)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _JWT.sub(REDACTED, text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    return _KEYVAL.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    text = _FLAG_VALUE.sub(_flag_value, text)
+    text = _KEYVAL.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+    text = _HEX.sub(REDACTED, text)
+    return _BLOB.sub(_blob, text)
 
 
 def _sensitive(key: str) -> bool:
@@ -80,7 +125,14 @@ def redact(value: Any, *, _key: str = "") -> Any:
                 out[k] = redact(v, _key=str(k))
         return out
     if isinstance(value, list):
-        return [redact(v, _key=_key) for v in value]
+        items = [redact(v, _key=_key) for v in value]
+        # ["--token", "abc"]: the argument after a secret-looking flag is its value
+        for i in range(1, len(items)):
+            before, this = value[i - 1], items[i]
+            flag = isinstance(before, str) and _is_secret_flag(before)
+            if flag and isinstance(this, str) and not this.startswith("-"):
+                items[i] = REDACTED
+        return items
     if isinstance(value, str):
         return _redact_string(value)
     return value
@@ -96,6 +148,66 @@ def _redact_string(text: str) -> str:
         if isinstance(parsed, dict | list):
             return json.dumps(redact(parsed), separators=(",", ":"))
     return redact_text(text)
+
+
+# Annotations of other people's pods that diagnosis needs (the rest may hold anything).
+_KNOWN_ANNOTATIONS = frozenset({c.MIRROR_POD_ANNOTATION, "kubernetes.io/config.source"})
+_OWN_ANNOTATION_PREFIX = f"{c.GROUP}/"
+
+
+def pod_for_diagnosis(pod: Mapping[str, Any]) -> Obj:
+    """Only the fields of a workload's pod a drain diagnosis needs.
+
+    metadata: name, namespace, uid, labels, ownerReferences,
+    creationTimestamp, deletionTimestamp and nmo's own (or well-known)
+    annotations; spec: nodeName, priorityClassName,
+    terminationGracePeriodSeconds and the *type* of each volume; status: phase
+    and conditions. No env, args, command, images' config or other
+    annotations: a pod's spec is its owner's, and may carry anything.
+    """
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    out_meta: Obj = {
+        k: meta[k]
+        for k in (
+            "name",
+            "namespace",
+            "uid",
+            "labels",
+            "ownerReferences",
+            "creationTimestamp",
+            "deletionTimestamp",
+        )
+        if k in meta
+    }
+    annotations = {
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if k in _KNOWN_ANNOTATIONS or str(k).startswith(_OWN_ANNOTATION_PREFIX)
+    }
+    if annotations:
+        out_meta["annotations"] = annotations
+    out_spec: Obj = {
+        k: spec[k]
+        for k in ("nodeName", "priorityClassName", "terminationGracePeriodSeconds")
+        if k in spec
+    }
+    volumes = [
+        {"name": v.get("name"), "type": next((k for k in v if k != "name"), "")}
+        for v in spec.get("volumes") or []
+        if isinstance(v, Mapping)
+    ]
+    if volumes:
+        out_spec["volumes"] = volumes
+    out_status: Obj = {k: status[k] for k in ("phase", "conditions") if k in status}
+    return {
+        "apiVersion": pod.get("apiVersion", "v1"),
+        "kind": pod.get("kind", "Pod"),
+        "metadata": out_meta,
+        "spec": out_spec,
+        "status": out_status,
+    }
 
 
 def parse_duration(text: str) -> float:
@@ -181,7 +293,7 @@ def summary_text(meta: Mapping[str, Any], items: list[Item]) -> str:
         f"Operator namespace:  {meta.get('operatorNamespace', '')}",
         f"Lease namespace:     {meta.get('leaseNamespace', '')}",
         f"Logs since:          {f'{since:g}s' if since else 'all'}",
-        "Secrets are never collected; token-like values are replaced by <redacted>.",
+        "Secrets are never collected; credential-like values are replaced by <redacted>.",
         "",
     ]
     problems = [i for i in items if i.problem]

@@ -7,8 +7,11 @@ drain, and node metrics. :class:`Gatherer` collects them into a timestamped
 directory and a ``.tar.gz`` next to it, with ``summary.json`` and
 ``SUMMARY.txt`` saying what was collected and what was not.
 
-Guarantees: Secrets are never read and token-like values are redacted
-(:mod:`nmo.ops.bundle`); an item that fails (403, 404, an unserved API) is
+Guarantees: Secrets are never read, the pods of workloads on maintained
+nodes are cut down to the fields a diagnosis needs, credential-like values
+are redacted by name and by shape in every file (:mod:`nmo.ops.bundle`), and
+the bundle is private to its writer (directories 0700, files 0600, the
+archive included); an item that fails (403, 404, an unserved API) is
 recorded and the bundle is still written; only an unreachable API server
 (:class:`Unreachable`) stops the gather. The same code backs the
 ``must-gather/collection-scripts/gather`` entrypoint.
@@ -17,6 +20,7 @@ recorded and the bundle is still written; only an unreachable API server
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ from nmo.ops.bundle import (
     Item,
     our_webhook_configs,
     pdbs_covering,
+    pod_for_diagnosis,
     redact,
     redact_text,
     summary_text,
@@ -101,12 +106,11 @@ class Gatherer:
         return item
 
     def _write(self, rel: str, data: Any) -> None:
+        """Write one file of the bundle, redacted, readable by its owner only."""
         path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(data, str):
-            path.write_text(data)
-        else:
-            path.write_text(yaml.safe_dump(redact(data), sort_keys=False))
+        _private_dirs(self.root, path.parent)
+        text = redact_text(data) if isinstance(data, str) else _dump(redact(data))
+        _private_write(path, text.encode())
 
     async def _get(self, name: str, rel: str, path: str) -> Obj | None:
         try:
@@ -180,7 +184,9 @@ class Gatherer:
         while root.exists() or root.with_name(root.name + ".tar.gz").exists():
             n += 1
             root = self.s.dest / f"{base}-{n}"
-        root.mkdir(parents=True)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700)
+        root.chmod(0o700)  # whatever the umask
         return root
 
     async def _events(self, nodes: list[str]) -> None:
@@ -275,7 +281,9 @@ class Gatherer:
         rel = "pdbs.yaml"
         body = _list([p for p, _ in covering], "PodDisruptionBudget", "policy/v1", covers=covers)
         self._write(rel, body)
-        self._write("pods-on-maintained-nodes.yaml", _list(pods, "Pod"))
+        self._write(
+            "pods-on-maintained-nodes.yaml", _list([pod_for_diagnosis(p) for p in pods], "Pod")
+        )
         self._record(
             Item(
                 "disruption budgets",
@@ -327,12 +335,36 @@ class Gatherer:
         }
         problems = [i.to_json() for i in self.items if i.problem]
         summary = {**meta, "items": [i.to_json() for i in self.items], "problems": problems}
-        self._write("summary.json", json.dumps(summary, indent=2) + "\n")
+        self._write("summary.json", json.dumps(redact(summary), indent=2) + "\n")
         self._write("SUMMARY.txt", summary_text(meta, self.items))
         archive = self.root.with_name(self.root.name + ".tar.gz")
-        with tarfile.open(archive, "w:gz") as tar:
+        fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out, tarfile.open(fileobj=out, mode="w:gz") as tar:
             tar.add(self.root, arcname=self.root.name)
         return Bundle(self.root, archive, self.items)
+
+
+def _dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def _private_dirs(root: Path, directory: Path) -> None:
+    """Create ``directory`` (under ``root``) and its parents with mode 0700."""
+    missing: list[Path] = []
+    while directory != root and not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        path.mkdir(mode=0o700)
+        path.chmod(0o700)
+
+
+def _private_write(path: Path, data: bytes) -> None:
+    """Write ``path`` with mode 0600 from the start (no window where it is wider)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)
+        out.write(data)
 
 
 def _event_time(event: Obj) -> str:

@@ -57,7 +57,7 @@ async def observe(kube: Kube, node: str) -> NodeState:
         try:
             await kube.get(api_path("apps/v1", "daemonsets", namespace=ns, name=name))
             daemonsets[key] = True
-        except NotFound:
+        except NotFound:  # InvalidName too: no DaemonSet has that name, the pod is evicted
             daemonsets[key] = False
     return NodeState(node=obj, pods=pods, pdbs=pdbs, daemonsets=daemonsets)
 

@@ -60,14 +60,28 @@ class Decision:
     expires: datetime | None = None
 
 
+CLOCK_SKEW = timedelta(seconds=2)
+"""How far another holder's clock (or a renewal landing while nmo read the
+lease) may be from nmo's: a foreign lease is valid until ``renewTime +
+leaseDurationSeconds + CLOCK_SKEW``, and a renewal up to ``CLOCK_SKEW`` in the
+future is a renewal, not garbage. The doubt goes to the holder: taking a lease
+a remediation operator still holds would let it fence a node nmo drains."""
+
+
 def decide(
     lease: Lease | None,
     now: datetime,
     *,
     holder: str = c.LEASE_HOLDER,
     renew_after: timedelta = timedelta(minutes=5),
+    skew: timedelta = CLOCK_SKEW,
 ) -> Decision:
-    """What to do with the lease to hold it (pure)."""
+    """What to do with the lease to hold it (pure).
+
+    ``now`` must be read after the lease was: a ``now`` from before the read
+    makes a renewal that landed in between look like the future. A foreign
+    lease is expired only if ``renewTime + duration + skew < now``.
+    """
     if lease is None:
         return Decision(Action.CREATE)
     spec = lease.get("spec") or {}
@@ -77,7 +91,7 @@ def decide(
         if renewed is None or now - renewed >= renew_after or expires is None or now > expires:
             return Decision(Action.RENEW, current, expires)
         return Decision(Action.KEEP, current, expires)
-    valid = renewed is not None and expires is not None and renewed <= now <= expires
+    valid = renewed is not None and expires is not None and renewed - skew <= now <= expires + skew
     if current and valid:
         return Decision(Action.FOREIGN, current, expires)
     return Decision(Action.TAKE_OVER, current, expires)
