@@ -43,6 +43,7 @@ from fastapi import FastAPI
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
 from nmo.webhooks.probes import Check, CheckFailed, Leading, Probes
@@ -75,14 +76,43 @@ class ServerSettings:
     # must be the side that closes, or a request sent on a connection the
     # server is closing that instant fails ("EOF"), a failed admission.
     keep_alive_seconds: int = 120
+    # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its signal handlers (the CLI owns the signals)."""
+    """uvicorn without its signal handlers (the CLI owns the signals), whose
+    connections are accepted by a bounded :class:`Listener`."""
+
+    def __init__(self, config: uvicorn.Config, *, limits: ConnectionLimits, name: str) -> None:
+        super().__init__(config)
+        self.limits = limits
+        self.name = name
+        self.listeners: list[Listener] = []
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            raise RuntimeError(f"the {self.name} app failed to start")
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        for sock in sockets or []:
+            listener = Listener(
+                sock, create_protocol, ssl_context=config.ssl, limits=self.limits, name=self.name
+            )
+            listener.start()
+            self.listeners.append(listener)
+        self.servers = self.listeners  # type: ignore[assignment]  # uvicorn closes them
+        self.started = True
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -251,7 +281,7 @@ class Servers:
             lifespan="on",
             log_config=None,
             access_log=False,
-            http="h11",
+            http=guarded_protocol(s.connection_limits),
             ws="none",
             proxy_headers=False,
             server_header=False,
@@ -261,7 +291,7 @@ class Servers:
         )
         sock = bind(s.bind_address, port)
         try:
-            server = _EmbeddedServer(config)
+            server = _EmbeddedServer(config, limits=s.connection_limits, name=name)
             config.load()
             server.lifespan = config.lifespan_class(config)
             await server.startup(sockets=[sock])
@@ -276,6 +306,10 @@ class Servers:
             name,
             extra={"address": s.bind_address, "port": self.ports[name], "tls": ctx is not None},
         )
+
+    def listener(self, name: str) -> Listener:
+        """The accept loop of a running server (for its counters)."""
+        return self._servers[name][0].listeners[0]
 
     @staticmethod
     async def _run(server: _EmbeddedServer, sock: socket.socket) -> None:
