@@ -97,3 +97,22 @@ async def test_slow_headers_are_cut_off_after_the_handshake(
     finally:
         task.cancel()
         writer.close()
+
+
+async def test_a_body_that_never_ends_is_408(
+    tmp_path: Path,
+    running: Start,  # noqa: F811
+) -> None:
+    make_pair(tmp_path / "certs", "webhook", names=("tls.crt", "tls.key"))
+    servers = await running(settings(tmp_path / "certs", body_seconds=0.2))
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    reader, writer = await asyncio.open_connection("127.0.0.1", servers.ports["webhook"], ssl=ctx)
+    writer.write(
+        f"POST {WEBHOOK_PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{".encode()
+    )
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request body not received within 0.2s" in answer

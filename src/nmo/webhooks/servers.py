@@ -43,6 +43,7 @@ from fastapi import FastAPI
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.webhooks.intake import BODY_SECONDS
 from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
@@ -78,6 +79,7 @@ class ServerSettings:
     keep_alive_seconds: int = 120
     # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    body_seconds: float = BODY_SECONDS  # an admission request's body must arrive within
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -262,6 +264,7 @@ class Servers:
         app = create_webhook_app(
             lookups=self.lookups,
             metrics=self.metrics,
+            body_seconds=s.body_seconds,
             background={"nmo-webhook-cert-watcher": lambda: cert.watch(s.cert_poll_interval)},
         )
         await self._start("webhook", app, port, cert.context)
