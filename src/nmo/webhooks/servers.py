@@ -48,7 +48,7 @@ from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
 from nmo.webhooks.probes import Check, CheckFailed, Leading, Probes
-from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+from nmo.webhooks.tls import ReloadingCertificate, require_client_certificates, write_self_signed
 from nmo.webhooks.validators import Lookups
 
 log = logging.getLogger("nmo.webhooks.servers")
@@ -80,6 +80,10 @@ class ServerSettings:
     # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     body_seconds: float = BODY_SECONDS  # an admission request's body must arrive within
+    # With a CA file, the webhook port requires a client certificate signed by
+    # it (the apiserver presents one when its AdmissionConfiguration says so):
+    # then no pod can post a review at all.
+    webhook_client_ca: Path | None = None
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -226,6 +230,12 @@ class Servers:
     async def _start_webhook(self, port: int) -> None:
         s = self.settings
         cert = ReloadingCertificate(s.cert_dir, cert_name=s.cert_name, key_name=s.key_name)
+        if s.webhook_client_ca is not None:
+            require_client_certificates(cert.context, s.webhook_client_ca)
+            log.info(
+                "webhook requires client certificates",
+                extra={"client_ca": str(s.webhook_client_ca)},
+            )
         self.certificates["webhook"] = cert
         if self._load_webhook_cert(cert):
             await self._serve_webhook(cert, port)
