@@ -22,8 +22,10 @@ behind a forged claim could both pass, and the reconciler's duplicate check
 Guarantees:
 
 * Node and NodeMaintenance lookups never LIST: a Node missing from the cache
-  is confirmed with one GET (it may have been created a moment ago); a cache
-  that has not synced within ``sync_timeout`` is a lookup failure.
+  is confirmed with one GET (it may have been created a moment ago), and a
+  GET that found nothing is remembered for ``missing_node_ttl`` (bounded), so
+  reviews naming made-up nodes cost no API traffic; a cache that has not
+  synced within ``sync_timeout`` is a lookup failure.
 * A NodeMaintenance being deleted still counts as existing.
 * "Is OpenShift" is discovery (``GET /apis/config.openshift.io/v1`` answering
   200), cached for ``openshift_ttl``; on an error the last answer is kept.
@@ -50,6 +52,7 @@ from typing import Any, Protocol
 from nmo.api import constants as c
 from nmo.core.errors import KubeError, NotFound
 from nmo.core.kube import Params, api_path, nm_path, node_path
+from nmo.webhooks.budget import Forgetful
 from nmo.webhooks.validators import LookupFailed, node_name_of
 
 log = logging.getLogger("nmo.webhooks.lookups")
@@ -101,6 +104,7 @@ class LookupSettings:
     sync_timeout: float = 5.0
     request_timeout: float = 4.0
     budget_timeout: float = 2.0  # all the reads of the admission warnings together
+    missing_node_ttl: float = 5.0  # a node the API said is missing is not asked for again
 
 
 @dataclass
@@ -129,6 +133,7 @@ class ClusterLookups:
         self._clock = clock
         self._lock = asyncio.Lock()
         self._claims: dict[str, _Claim] = {}
+        self._missing = Forgetful(self.settings.missing_node_ttl, clock=clock)
         self._openshift: bool | None = None
         self._openshift_checked = float("-inf")
         self._discovery_lock = asyncio.Lock()
@@ -176,6 +181,8 @@ class ClusterLookups:
             cached = self._nodes.store.get(name)
             if cached is not None:
                 return cached
+        if name in self._missing:
+            return None
         try:
             return await self._kube.request(
                 "GET",
@@ -184,6 +191,7 @@ class ClusterLookups:
                 timeout=self.settings.request_timeout,
             )
         except NotFound:
+            self._missing.add(name)
             return None
         except KubeError as exc:
             raise LookupFailed(str(exc)) from exc

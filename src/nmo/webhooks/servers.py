@@ -43,6 +43,7 @@ from fastapi import FastAPI
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.webhooks.budget import BudgetedKube
 from nmo.webhooks.intake import BODY_SECONDS
 from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
@@ -401,12 +402,17 @@ async def serve(
     ``leading`` (whether this replica runs the maintenance workers) answers
     ``/leaderz``. Raises when a server cannot start or stops on its own.
     """
-    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
+    # Budgets of their own (a share of the operator's client, issue 14 item 7):
+    # webhook lookups and metrics authentication cannot starve each other.
+    lookups = build_lookups(
+        BudgetedKube(kube), nodes=nodes, maintenances=maintenances, settings=lookup_settings
+    )
     ready = dict(readiness or {})
     if settings.require_webhook_for_ready and settings.webhook_port is not None:
         ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
     probes = Probes(healthz=liveness, readyz=ready, leading=leading)
-    servers = Servers(settings, kube=kube, lookups=lookups, metrics=metrics, probes=probes)
+    auth_kube = BudgetedKube(kube, max_in_flight=4, rate=5.0, burst=10)
+    servers = Servers(settings, kube=auth_kube, lookups=lookups, metrics=metrics, probes=probes)
     await servers.start()
     try:
         await servers.wait()
