@@ -42,7 +42,7 @@ from starlette.requests import ClientDisconnect, Request
 MAX_BODY_BYTES: Final = 768 * 1024
 # How much of an oversized body the server may still swallow (and discard)
 # so that a keep-alive client sees the 413 instead of a reset.
-DRAIN_BYTES: Final = 1024 * 1024
+DRAIN_BYTES: Final = 8 * 1024 * 1024
 BODY_SECONDS: Final = 10.0  # the apiserver's default webhook timeout
 JSON: Final = "application/json"
 
