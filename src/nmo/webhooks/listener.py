@@ -12,7 +12,7 @@ Guarantees of :class:`Listener` and :class:`GuardedH11Protocol`:
 
 * at most :attr:`ConnectionLimits.max_connections` connections per port exist
   at once (TLS handshakes included); at the cap, the oldest connection that
-  has not yet completed a request is dropped to make room (a real client
+  has not yet sent a request's headers is dropped to make room (a real client
   completes its handshake and request in milliseconds, so a flood of idle
   sockets cannot keep it out); when every connection has served a request,
   the new one is closed at once;
@@ -115,7 +115,11 @@ class _Connection:
 
     @property
     def proven(self) -> bool:
-        return self.protocol is not None and self.protocol.proven
+        """Served a request, or has one whose headers are in: not dropped at the cap."""
+        p = self.protocol
+        if p is None:
+            return False
+        return p.proven or (p.cycle is not None and not p.cycle.response_complete)
 
     def drop(self) -> None:
         if self.protocol is not None:
