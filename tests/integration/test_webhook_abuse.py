@@ -24,6 +24,9 @@ import json
 import os
 import signal
 import ssl
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-from operator_fixtures import CURRENT, Operator, free_port, get_local
+from operator_fixtures import CURRENT, Operator, free_port
 from operator_fixtures import wait_for as until
 
 from nmo.api import constants as c
@@ -185,12 +188,63 @@ async def hooked(
             CURRENT.remove(op)
 
 
-async def timed_probe(port: int, path: str) -> float:
-    started = time.perf_counter()
-    status, _ = await asyncio.wait_for(get_local(port, path), 5)
-    elapsed = time.perf_counter() - started
-    assert status == 200, path
-    return elapsed
+PROBE_SCRIPT = """
+import json, pathlib, sys, time, httpx
+port, stop, paths = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3:]
+latencies, failures = [], []
+deadline = time.monotonic() + 120
+print("ready", flush=True)
+while True:
+    for path in paths:
+        started = time.perf_counter()
+        try:
+            status = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code
+        except httpx.TransportError as exc:
+            status = repr(exc)
+        latencies.append(time.perf_counter() - started)
+        if status != 200:
+            failures.append(f"{path}: {status}")
+    if stop.exists() or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+print(json.dumps({"latencies": latencies, "failures": failures}))
+"""
+
+
+class ProbeWatcher(threading.Thread):
+    """Times nmo's probes (a new connection each) from a process of its own, so
+    that the flood's load on this test process is not counted as nmo's; samples
+    nmo's RSS meanwhile."""
+
+    def __init__(
+        self, port: int, paths: tuple[str, ...], *, stop_file: Path, pid: int | None = None
+    ) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak = 0.0
+        self.stop_file = stop_file
+        stop_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PROBE_SCRIPT, str(port), str(stop_file), *paths],
+            stdout=subprocess.PIPE,
+        )
+        self._stop_event = threading.Event()
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline() == b"ready\n"  # probing from now on
+
+    def run(self) -> None:
+        while not self._stop_event.is_set() and self.pid is not None:
+            self.peak = max(self.peak, rss_mib(self.pid))
+            self._stop_event.wait(0.1)
+
+    def finish(self) -> tuple[list[float], float]:
+        self._stop_event.set()
+        self.stop_file.touch()
+        out, _ = self.proc.communicate(timeout=20)
+        self.join(10)
+        report = json.loads(out.splitlines()[-1])
+        assert not report["failures"], report["failures"][:5]
+        return report["latencies"], self.peak
 
 
 def p99(samples: list[float]) -> float:
@@ -199,7 +253,7 @@ def p99(samples: list[float]) -> float:
 
 
 async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
-    sandbox: Sandbox, hooked: Hooked
+    sandbox: Sandbox, hooked: Hooked, tmp_path: Path
 ) -> None:
     assert hooked.op.proc is not None
     pid = hooked.op.proc.pid
@@ -225,29 +279,37 @@ async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
                 w.write(bytes([byte]))
                 await asyncio.sleep(1)
 
-    latencies: list[float] = []
-    peak = baseline
-
-    async def watch() -> None:
-        nonlocal peak
-        while not stop.is_set():
-            peak = max(peak, rss_mib(pid))
-            for path in ("/healthz", "/readyz"):
-                latencies.append(await timed_probe(hooked.op.probe_port, path))
-            await asyncio.sleep(0.1)
-
-    watcher = asyncio.create_task(watch())
+    # Probes are timed from a thread of their own: the flood keeps this
+    # test's event loop busy, and its lag is not nmo's.
+    watcher = ProbeWatcher(
+        hooked.op.probe_port, ("/healthz", "/readyz"), pid=pid, stop_file=tmp_path / "stop"
+    )
+    watcher.start()
     lorises = [asyncio.create_task(loris()) for _ in range(100)]
     await asyncio.gather(*(idle(250) for _ in range(12)))  # 3,000 idle sockets
     opened = len(writers)
     # During the flood: the apiserver's review and a direct one on a new connection.
     async with sandbox.client() as kube:
         denied = await dry_run_missing_node(kube)
+    # A new connection in the middle of a burst may be closed at once (the cap
+    # holds only connections too young to drop): a client's retry gets in.
+    attempts = 0
     async with httpx.AsyncClient(verify=hooked.tls(), timeout=10) as direct:
-        answered = await direct.post(hooked.url, json=forged_review(unique("x"), claimant="d"))
+        while True:
+            attempts += 1
+            try:
+                answered = await direct.post(
+                    hooked.url, json=forged_review(unique("x"), claimant="d")
+                )
+                break
+            except httpx.TransportError:
+                if attempts == 5:
+                    raise
+                await asyncio.sleep(0.5)
     await asyncio.sleep(15)  # the handshake and header deadlines pass
     stop.set()
-    await watcher
+    latencies, peak = watcher.finish()
+    peak = max(peak, baseline)
     for task in lorises:
         task.cancel()
     for w in writers:
@@ -259,6 +321,7 @@ async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
         "probe_p99_s": round(p99(latencies), 4),
         "probe_max_s": round(max(latencies), 4),
         "probes": len(latencies),
+        "direct_review_attempts": attempts,
     }
     FIGURES.parent.mkdir(parents=True, exist_ok=True)
     FIGURES.write_text(json.dumps(figures, indent=1))
@@ -309,19 +372,13 @@ async def test_forged_reviews_every_2s_do_not_block_a_real_create(
         await sandbox.kubectl("delete", "nodemaintenance", name, "--wait=false")
 
 
-async def test_big_and_nested_bodies_are_refused_quickly(hooked: Hooked) -> None:
+async def test_big_and_nested_bodies_are_refused_quickly(hooked: Hooked, tmp_path: Path) -> None:
     big = b'{"a":"' + b"x" * (3 * 1024 * 1024) + b'"}'
     nested = b"[" * 100_000 + b"]" * 100_000
-    latencies: list[float] = []
-    stop = asyncio.Event()
-
-    async def watch() -> None:
-        while not stop.is_set():
-            latencies.append(await timed_probe(hooked.op.probe_port, "/readyz"))
-            latencies.append(await timed_probe(hooked.op.probe_port, "/leaderz"))
-            await asyncio.sleep(0.05)
-
-    watcher = asyncio.create_task(watch())
+    watcher = ProbeWatcher(
+        hooked.op.probe_port, ("/readyz", "/leaderz"), stop_file=tmp_path / "stop"
+    )
+    watcher.start()
     async with httpx.AsyncClient(verify=hooked.tls(), timeout=10) as http:
 
         async def post(body: bytes) -> tuple[int, str, float]:
@@ -331,13 +388,17 @@ async def test_big_and_nested_bodies_are_refused_quickly(hooked: Hooked) -> None
             )
             return resp.status_code, resp.text, time.perf_counter() - started
 
-        answers = await asyncio.gather(*(post(big) for _ in range(10)), post(nested), post(nested))
-    stop.set()
-    await watcher
-    for status, text, took in answers[:10]:
-        assert status == 413, text
-        assert "exceeds the webhook's limit" in text
-        assert took < 2
-    for status, text, _ in answers[10:]:
-        assert status == 400, text
+        answers = []
+        for _ in range(3):
+            answers += await asyncio.gather(
+                *(post(big) for _ in range(10)), post(nested), post(nested)
+            )
+    latencies, _ = watcher.finish()
+    for i, (status, text, took) in enumerate(answers):
+        if i % 12 < 10:
+            assert status == 413, text
+            assert "exceeds the webhook's limit" in text
+            assert took < 2
+        else:
+            assert status == 400, text
     assert max(latencies) < 1.0

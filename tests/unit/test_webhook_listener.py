@@ -24,7 +24,12 @@ Start = Callable[[ServerSettings], Awaitable[Servers]]
 
 
 def limits(**kw: float) -> ConnectionLimits:
-    base = {"max_connections": 8, "handshake_seconds": 0.3, "header_seconds": 0.3}
+    base = {
+        "max_connections": 8,
+        "handshake_seconds": 0.3,
+        "header_seconds": 0.3,
+        "drop_after_seconds": 0.0,
+    }
     return ConnectionLimits(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -61,6 +66,26 @@ async def test_idle_sockets_never_exceed_the_cap_and_a_real_review_gets_in(
         ready = await http.get(f"http://127.0.0.1:{webhook.ports['probes']}/healthz")
     assert review.status_code == 400  # answered (no uid: plain 400)
     assert ready.status_code == 200
+    for w in writers:
+        w.close()
+
+
+async def test_at_the_cap_young_connections_stay_and_the_newcomer_is_closed(
+    tmp_path: Path,
+    running: Start,  # noqa: F811
+) -> None:
+    make_pair(tmp_path / "certs", "webhook", names=("tls.crt", "tls.key"))
+    servers = await running(
+        settings(tmp_path / "certs", connection_limits=limits(drop_after_seconds=60))
+    )
+    listener = servers.listener("webhook")
+    writers = await idle_sockets(servers.ports["webhook"], 12)
+
+    async def all_seen() -> bool:
+        return listener.refused + len(listener.connections) >= 12
+
+    await until(all_seen, "the 12 sockets to be accepted")
+    assert (len(listener.connections), listener.refused, listener.dropped) == (8, 4, 0)
     for w in writers:
         w.close()
 

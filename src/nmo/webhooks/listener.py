@@ -12,10 +12,10 @@ Guarantees of :class:`Listener` and :class:`GuardedH11Protocol`:
 
 * at most :attr:`ConnectionLimits.max_connections` connections per port exist
   at once (TLS handshakes included); at the cap, the oldest connection that
-  has not yet sent a request's headers is dropped to make room (a real client
-  completes its handshake and request in milliseconds, so a flood of idle
-  sockets cannot keep it out); when every connection has served a request,
-  the new one is closed at once;
+  has not sent a request's headers within ``drop_after_seconds`` is dropped
+  to make room (a real client completes its handshake and request in
+  milliseconds, so sockets left idle cannot keep it out); when there is no
+  such connection, the new one is closed at once, before any TLS state;
 * a TLS handshake must finish within ``handshake_seconds``;
 * a request's headers must have arrived within ``header_seconds`` of the
   connection (or of the request's first byte on a kept-alive connection);
@@ -47,6 +47,11 @@ class ConnectionLimits:
     max_connections: int = 256
     handshake_seconds: float = 5.0
     header_seconds: float = 10.0
+    # At the cap, only a connection this old without a request is dropped for
+    # a newcomer; younger ones are left alone and the newcomer is closed at
+    # once, before any TLS state exists. A burst of sockets thus costs one
+    # cheap accept-and-close each, not a 256 KiB TLS buffer each.
+    drop_after_seconds: float = 0.5
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -107,9 +112,10 @@ def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
 
 
 class _Connection:
-    __slots__ = ("protocol", "setup")
+    __slots__ = ("born", "protocol", "setup")
 
-    def __init__(self) -> None:
+    def __init__(self, born: float) -> None:
+        self.born = born
         self.setup: asyncio.Task[None] | None = None
         self.protocol: GuardedH11Protocol | None = None
 
@@ -175,13 +181,15 @@ class Listener:
                 self.refused += 1
                 conn_sock.close()
                 continue
-            conn = _Connection()
+            conn = _Connection(loop.time())
             self.connections[conn] = None
             conn.setup = asyncio.create_task(self._serve(conn, conn_sock))
 
     def _make_room(self) -> bool:
+        # Accept order: the first unproven connection is the oldest one.
         victim = next((c for c in self.connections if not c.proven), None)
-        if victim is None:
+        old_enough = asyncio.get_running_loop().time() - self.limits.drop_after_seconds
+        if victim is None or victim.born > old_enough:
             return False
         self.dropped += 1
         del self.connections[victim]
