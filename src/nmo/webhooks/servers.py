@@ -10,6 +10,13 @@ main; here each server is a task in the one asyncio loop:
   their connections send small writes at once (no Nagle, see :func:`bind`)
   and stay open while idle longer than the apiserver keeps them, so it is
   never the server that closes a connection a request is on its way to;
+* connections are accepted by nmo's own :class:`~nmo.webhooks.listener.Listener`
+  (one per port), not uvicorn's: a cap per port and deadlines for the TLS
+  handshake and a request's headers, so idle or trickling sockets cannot
+  fill the memory limit (issue 14);
+* the API requests untrusted callers can cause (webhook lookups, metrics
+  TokenReviews) go through budgets of their own
+  (:class:`~nmo.webhooks.budget.BudgetedKube`);
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
 * TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
