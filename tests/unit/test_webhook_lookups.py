@@ -90,7 +90,9 @@ def make(
         kube,
         nodes=FakeCache(nodes),
         maintenances=cache,
-        settings=LookupSettings(claim_ttl=30.0, sync_timeout=0.05, openshift_ttl=60.0),
+        settings=LookupSettings(
+            claim_ttl=30.0, claim_wait=0.05, sync_timeout=0.05, openshift_ttl=60.0
+        ),
         clock=clock or Clock(),
     )
     return lookups, cache, kube
@@ -133,12 +135,17 @@ async def test_unsynced_cache_is_a_lookup_failure() -> None:
 
 
 async def test_fifty_concurrent_creates_admit_exactly_one() -> None:
-    lookups, _, _ = make(nodes=[node("n1")])
-    decisions = await asyncio.gather(
+    lookups, cache, _ = make(nodes=[node("n1")])
+    creates = asyncio.gather(
         *(validate_create(nm(f"m{i}", "n1"), lookups, claimant=f"c{i}") for i in range(50))
     )
+    for _ in range(3):  # let the creates reach the claim
+        await asyncio.sleep(0)
+    (winner,) = lookups.claims.values()
+    cache.emit("ADDED", nm(winner.removeprefix("c"), "n1"))  # the apiserver stored it
+    decisions = await creates
     assert sum(d.allowed for d in decisions) == 1
-    assert lookups.claims == {"n1": next(f"c{i}" for i, d in enumerate(decisions) if d.allowed)}
+    assert decisions[int(winner.removeprefix("c"))].allowed
 
 
 async def test_claim_released_when_the_informer_sees_the_cr() -> None:
@@ -154,9 +161,51 @@ async def test_claim_expires_when_the_create_never_materialises() -> None:
     clock = Clock()
     lookups, _, _ = make(clock=clock)
     assert await lookups.claim_node("n1", "uid-a")
-    assert await lookups.claim_node("n1", "uid-b") is False
     clock.now += 31
+    assert lookups.claims == {}
     assert await lookups.claim_node("n1", "uid-b") is True
+    assert lookups.claims == {"n1": "uid-b"}
+
+
+async def test_a_repeat_never_extends_a_claim() -> None:
+    # issue 14 item 2: a forged review re-sent every few seconds held the node
+    clock = Clock()
+    lookups, _, _ = make(clock=clock)
+    assert await lookups.claim_node("n1", "forged")
+    for _ in range(4):
+        clock.now += 6
+        assert await lookups.claim_node("n1", "forged") is True
+    assert lookups.claims == {"n1": "forged"}  # 24 s after the first: within the TTL
+    clock.now += 6
+    assert lookups.claims == {}  # 30 s: over, repeats or not
+
+
+async def test_an_unconfirmed_claim_only_delays_another_create() -> None:
+    lookups, _, _ = make()
+    assert await lookups.claim_node("n1", "forged")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await lookups.claim_node("n1", "real") is True
+    assert 0.04 <= loop.time() - started < 1.0  # waited claim_wait (0.05 s) for it
+    assert lookups.claims == {"n1": "real"}
+
+
+async def test_a_waiting_create_is_a_duplicate_once_the_cr_shows() -> None:
+    lookups, cache, _ = make()
+    assert await lookups.claim_node("n1", "uid-a")
+    second = asyncio.create_task(lookups.claim_node("n1", "uid-b"))
+    await asyncio.sleep(0)
+    cache.emit("ADDED", nm("a", "n1"))
+    assert await second is False
+
+
+async def test_a_waiting_create_goes_ahead_when_the_claim_is_released() -> None:
+    lookups, _, _ = make()
+    assert await lookups.claim_node("n1", "uid-a")
+    second = asyncio.create_task(lookups.claim_node("n1", "uid-b"))
+    await asyncio.sleep(0)
+    lookups.release_node("n1", "uid-a")  # e.g. denied by the quorum rule
+    assert await asyncio.wait_for(second, 0.04) is True
 
 
 async def test_same_claimant_may_claim_again_and_release() -> None:

@@ -162,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics over TLS with TokenReview/SubjectAccessReview",
     )
     srv.add_argument("--cert-dir", default=c.DEFAULT_CERT_DIR)
+    srv.add_argument(
+        "--webhook-client-ca",
+        default=None,
+        help="require webhook callers to present a client certificate signed by this CA "
+        "(the apiserver's AdmissionConfiguration kubeConfigFile, see docs/install.md)",
+    )
     srv.add_argument("--enable-webhook", action=argparse.BooleanOptionalAction, default=True)
     srv.add_argument(
         "--require-webhook-for-readiness", action=argparse.BooleanOptionalAction, default=True
@@ -270,6 +276,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         probes_port=args.health_probe_port,
         metrics_port=args.metrics_port,
         cert_dir=Path(args.cert_dir),
+        webhook_client_ca=Path(args.webhook_client_ca) if args.webhook_client_ca else None,
         metrics_secure=args.metrics_secure,
         require_webhook_for_ready=args.require_webhook_for_readiness,
     )

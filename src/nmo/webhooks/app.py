@@ -12,8 +12,11 @@ Guarantees of the webhook app (behavior.md A6):
   a review about anything but a NodeMaintenance is denied with 400 BadRequest
   naming what was expected), and anything else with a 4xx and a plain-text
   reason: 415 for a body that is not ``application/json``, 413 for one over
-  3 MiB (never read past the limit, see :mod:`nmo.webhooks.intake`), 400 for
-  the rest. Whatever the bytes, the answer is never a 5xx;
+  768 KiB (never read past the limit, see :mod:`nmo.webhooks.intake`), 429
+  when too many bodies are being uploaded at once, 408 for a body that takes
+  too long, 400 for the rest. Whatever the bytes, the answer is never a 5xx;
+* a body over :data:`PARSE_INLINE_BYTES` is parsed in a worker thread, one at
+  a time, so the event loop (probes, leader lease, the operator) keeps turning;
 * every answer is counted in ``nmo_webhook_admissions_total{operation,result}``
   and timed in ``nmo_webhook_admission_duration_seconds``;
 * every decision is logged with the node name and the word "maintenance", so
@@ -44,12 +47,19 @@ from nmo.api.constants import WEBHOOK_NAME, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.admission import (
     AdmissionRequest,
+    AdmissionReview,
     MalformedReview,
     parse_review,
     review_response,
     wrong_target,
 )
-from nmo.webhooks.intake import MAX_BODY_BYTES, Unacceptable, read_review_body
+from nmo.webhooks.intake import (
+    BODY_SECONDS,
+    MAX_BODY_BYTES,
+    Unacceptable,
+    Uploads,
+    read_review_body,
+)
 from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
 from nmo.webhooks.probes import Probes, probes_router
 from nmo.webhooks.validators import (
@@ -67,6 +77,9 @@ Background = Callable[[], Awaitable[None]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 _RESTART_DELAY = 5.0
+# Real reviews of a NodeMaintenance are a few KiB: parsed inline, it costs
+# microseconds; above this, a thread keeps the loop free.
+PARSE_INLINE_BYTES = 16 * 1024
 _TEXT = "text/plain; charset=utf-8"
 
 
@@ -149,9 +162,19 @@ def create_webhook_app(
     metrics: Metrics,
     background: Mapping[str, Background] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    uploads: Uploads | None = None,
+    body_seconds: float = BODY_SECONDS,
 ) -> FastAPI:
     """The validating webhook ``vnodemaintenance.kb.io``."""
     app = _bare_app("nmo webhook", background)
+    uploads = uploads or Uploads()
+    parsing = asyncio.Semaphore(1)
+
+    async def parse(body: bytes) -> AdmissionReview:
+        if len(body) <= PARSE_INLINE_BYTES:
+            return parse_review(body)
+        async with parsing:
+            return await asyncio.to_thread(parse_review, body)
 
     def refused(message: str, uid: str | None, **log_extra: Any) -> None:
         log.warning(
@@ -166,12 +189,17 @@ def create_webhook_app(
         started = time.perf_counter()
         try:
             try:
-                body = await read_review_body(http_request, limit=max_body_bytes)
+                body = await read_review_body(
+                    http_request, limit=max_body_bytes, uploads=uploads, body_seconds=body_seconds
+                )
             except Unacceptable as exc:
                 refused(exc.message, None, status=exc.status_code)
-                return _text(exc.message, exc.status_code, close=exc.close)
+                response = _text(exc.message, exc.status_code, close=exc.close)
+                if exc.status_code == 429:
+                    response.headers["Retry-After"] = "1"
+                return response
             try:
-                parsed = parse_review(body)
+                parsed = await parse(body)
             except MalformedReview as exc:
                 refused(exc.message, exc.uid)
                 if exc.uid is None:

@@ -4,11 +4,16 @@ Why this module exists: the webhook port is reachable by anything in the
 cluster network, not only the kube-apiserver, so what arrives there can be
 any bytes at all. Before a body is parsed it must be the kind of body the
 apiserver sends (``Content-Type: application/json``) and of a size the
-apiserver sends (it never sends more than a few MiB: etcd refuses objects
-over 1.5 MiB, and a review carries at most the object and its old version).
+apiserver can send for a NodeMaintenance (:data:`MAX_BODY_BYTES`), read
+within a deadline, with a bounded number of uploads at once
+(:class:`Uploads`): a 3 MiB body costs about half a second of CPU to parse,
+and there is only one event loop (issue 14, item 3).
 
 Guarantees of :func:`read_review_body`:
 
+* at most ``Uploads.limit`` bodies are being read at once; a request that
+  finds no free slot within ``Uploads.wait`` seconds is 429 (Retry-After 1),
+  and a body not complete within ``body_seconds`` is 408, connection closed;
 * a ``Content-Type`` other than JSON is :class:`Unacceptable` with 415 and
   the body is never read (a missing one is taken to mean JSON);
 * a declared ``Content-Length`` over the limit is 413 without the app reading
@@ -22,15 +27,49 @@ Guarantees of :func:`read_review_body`:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Final
 
 from starlette.requests import ClientDisconnect, Request
 
-MAX_BODY_BYTES: Final = 3 * 1024 * 1024
+# What a NodeMaintenance review can weigh: the spec is a few hundred bytes,
+# but metadata may hold up to 256 KiB of annotations (the apiserver's
+# TotalAnnotationSizeLimitB) and an UPDATE carries the object twice (object
+# and oldObject), plus managedFields and the review's own fields: 2 x 256 KiB
+# and room to spare. Anything larger cannot come from the apiserver.
+MAX_BODY_BYTES: Final = 768 * 1024
 # How much of an oversized body the server may still swallow (and discard)
 # so that a keep-alive client sees the 413 instead of a reset.
 DRAIN_BYTES: Final = 8 * 1024 * 1024
+BODY_SECONDS: Final = 10.0  # the apiserver's default webhook timeout
 JSON: Final = "application/json"
+
+
+class Uploads:
+    """A bound on the bodies being read at once (slow uploads hold a slot)."""
+
+    def __init__(self, limit: int = 32, *, wait: float = 1.0) -> None:
+        self.limit = limit
+        self.wait = wait
+        self._slots = asyncio.Semaphore(limit)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.wait)
+        except TimeoutError:
+            raise Unacceptable(
+                429,
+                f"too many admission requests are being uploaded at once (limit {self.limit}); "
+                "try again",
+                close=True,
+            ) from None
+        try:
+            yield
+        finally:
+            self._slots.release()
 
 
 class Unacceptable(Exception):
@@ -71,7 +110,12 @@ def _too_large(what: str, limit: int, *, close: bool) -> Unacceptable:
 
 
 async def read_review_body(
-    request: Request, *, limit: int = MAX_BODY_BYTES, drain_limit: int = DRAIN_BYTES
+    request: Request,
+    *,
+    limit: int = MAX_BODY_BYTES,
+    drain_limit: int = DRAIN_BYTES,
+    uploads: Uploads | None = None,
+    body_seconds: float = BODY_SECONDS,
 ) -> bytes:
     """The body of an admission request; raises :class:`Unacceptable`."""
     check_content_type(request.headers.get("content-type"))
@@ -79,6 +123,20 @@ async def read_review_body(
     if declared is not None and declared.isdigit() and int(declared) > limit:
         # Not a byte read: the server discards a bounded rest, or closes.
         raise _too_large(f"of {int(declared)} bytes ", limit, close=int(declared) > drain_limit)
+    async with contextlib.AsyncExitStack() as stack:
+        if uploads is not None:
+            await stack.enter_async_context(uploads.slot())
+        try:
+            async with asyncio.timeout(body_seconds):
+                return await _read(request, limit=limit, drain_limit=drain_limit)
+        except TimeoutError:
+            raise Unacceptable(
+                408, f"request body not received within {body_seconds:g}s", close=True
+            ) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _read(request: Request, *, limit: int, drain_limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:

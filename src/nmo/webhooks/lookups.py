@@ -10,11 +10,22 @@ NodeMaintenance informer sees a CR for that node (or a short TTL passes,
 when the create never materialised: another webhook refused it, a dry run,
 a storage error).
 
+The webhook port is reachable by any pod, so a review may be forged (issue
+14, item 2). A claim is therefore only a reservation: a repeat from the same
+claimant never extends it, and a competing create waits for it to settle
+(confirmed by the informer: a duplicate; dropped or expired: go ahead) for at
+most ``claim_wait`` seconds and is then admitted. Forged reviews can delay a
+real create by ``claim_wait``, never refuse it; two real creates racing
+behind a forged claim could both pass, and the reconciler's duplicate check
+(behavior.md B8) fails the younger one.
+
 Guarantees:
 
 * Node and NodeMaintenance lookups never LIST: a Node missing from the cache
-  is confirmed with one GET (it may have been created a moment ago); a cache
-  that has not synced within ``sync_timeout`` is a lookup failure.
+  is confirmed with one GET (it may have been created a moment ago), and a
+  GET that found nothing is remembered for ``missing_node_ttl`` (bounded), so
+  reviews naming made-up nodes cost no API traffic; a cache that has not
+  synced within ``sync_timeout`` is a lookup failure.
 * A NodeMaintenance being deleted still counts as existing.
 * "Is OpenShift" is discovery (``GET /apis/config.openshift.io/v1`` answering
   200), cached for ``openshift_ttl``; on an error the last answer is kept.
@@ -31,15 +42,17 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nmo.api import constants as c
 from nmo.core.errors import KubeError, NotFound
 from nmo.core.kube import Params, api_path, nm_path, node_path
+from nmo.webhooks.budget import Forgetful
 from nmo.webhooks.validators import LookupFailed, node_name_of
 
 log = logging.getLogger("nmo.webhooks.lookups")
@@ -82,16 +95,23 @@ class ObjectCache(Protocol):
 @dataclass(frozen=True)
 class LookupSettings:
     openshift_ttl: float = 60.0
-    claim_ttl: float = 30.0
+    # A claim is a reservation, never renewed: it ends when the informer shows
+    # the CR, when the create is denied, or after claim_ttl. A competing create
+    # waits at most claim_wait for it (well inside the apiserver's 10 s webhook
+    # timeout), then goes ahead: an unauthenticated review cannot hold a node.
+    claim_ttl: float = 10.0
+    claim_wait: float = 3.0
     sync_timeout: float = 5.0
     request_timeout: float = 4.0
     budget_timeout: float = 2.0  # all the reads of the admission warnings together
+    missing_node_ttl: float = 5.0  # a node the API said is missing is not asked for again
 
 
 @dataclass
 class _Claim:
     claimant: str
     expires: float
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # confirmed or dropped
 
 
 class ClusterLookups:
@@ -113,6 +133,7 @@ class ClusterLookups:
         self._clock = clock
         self._lock = asyncio.Lock()
         self._claims: dict[str, _Claim] = {}
+        self._missing = Forgetful(self.settings.missing_node_ttl, clock=clock)
         self._openshift: bool | None = None
         self._openshift_checked = float("-inf")
         self._discovery_lock = asyncio.Lock()
@@ -133,7 +154,8 @@ class ClusterLookups:
         if event == "DELETED":
             return
         node_name = node_name_of(obj)
-        if node_name and self._claims.pop(node_name, None) is not None:
+        if node_name and node_name in self._claims:
+            self._drop(node_name)
             log.debug(
                 "maintenance claim released: the CR is in the cache",
                 extra={"node": node_name},
@@ -159,6 +181,8 @@ class ClusterLookups:
             cached = self._nodes.store.get(name)
             if cached is not None:
                 return cached
+        if name in self._missing:
+            return None
         try:
             return await self._kube.request(
                 "GET",
@@ -167,41 +191,70 @@ class ClusterLookups:
                 timeout=self.settings.request_timeout,
             )
         except NotFound:
+            self._missing.add(name)
             return None
         except KubeError as exc:
             raise LookupFailed(str(exc)) from exc
 
     async def claim_node(self, node_name: str, claimant: str, *, dry_run: bool = False) -> bool:
         await self._synced(self._maintenances, "NodeMaintenance")
-        async with self._lock:
-            now = self._clock()
-            for node in [n for n, cl in self._claims.items() if cl.expires <= now]:
-                del self._claims[node]
-            existing = self.maintenance_for(node_name)
-            if existing is not None:
-                log.info(
-                    "maintenance already exists for node %s: %s",
-                    node_name,
-                    (existing.get("metadata") or {}).get("name"),
-                    extra={"node": node_name},
-                )
-                return False
-            held = self._claims.get(node_name)
-            if held is not None and held.claimant != claimant:
-                log.info(
-                    "maintenance for node %s is being admitted concurrently",
-                    node_name,
-                    extra={"node": node_name},
-                )
-                return False
-            if not dry_run:
-                self._claims[node_name] = _Claim(claimant, now + self.settings.claim_ttl)
-            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.claim_wait
+        while True:
+            async with self._lock:
+                now = self._clock()
+                self._expire(now)
+                existing = self.maintenance_for(node_name)
+                if existing is not None:
+                    log.info(
+                        "maintenance already exists for node %s: %s",
+                        node_name,
+                        (existing.get("metadata") or {}).get("name"),
+                        extra={"node": node_name},
+                    )
+                    return False
+                held = self._claims.get(node_name)
+                if held is not None and held.claimant == claimant:
+                    return True  # a repeat: same answer, and the claim's end stays put
+                late = loop.time() >= deadline
+                if held is None or late:
+                    if held is not None:
+                        log.warning(
+                            "maintenance claim on node %s not confirmed within %gs "
+                            "(the create never reached the cache, or the review was not "
+                            "from the apiserver); admitting the next create",
+                            node_name,
+                            self.settings.claim_wait,
+                            extra={"node": node_name},
+                        )
+                        self._drop(node_name)
+                    if not dry_run:
+                        self._claims[node_name] = _Claim(claimant, now + self.settings.claim_ttl)
+                    return True
+            # Another create holds the node: it is either real (the informer
+            # shows its CR within moments, and this one is a duplicate) or
+            # never materialises; wait for whichever comes first.
+            log.info(
+                "maintenance for node %s is being admitted concurrently; waiting",
+                node_name,
+                extra={"node": node_name},
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.settled.wait(), max(deadline - loop.time(), 0.0))
+
+    def _expire(self, now: float) -> None:
+        for node in [n for n, cl in self._claims.items() if cl.expires <= now]:
+            self._drop(node)
+
+    def _drop(self, node_name: str) -> None:
+        held = self._claims.pop(node_name, None)
+        if held is not None:
+            held.settled.set()
 
     def release_node(self, node_name: str, claimant: str) -> None:
         held = self._claims.get(node_name)
         if held is not None and held.claimant == claimant:
-            del self._claims[node_name]
+            self._drop(node_name)
 
     async def is_openshift(self) -> bool:
         async with self._discovery_lock:

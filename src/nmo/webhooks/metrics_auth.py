@@ -17,7 +17,11 @@ the same callers, the same way:
 
 Positive answers are cached for ``cache_ttl`` (a minute by default), keyed by
 a SHA-256 of the token, so a scrape every few seconds costs no API traffic;
-refusals are never cached, so a freshly granted role works at once.
+so are tokens the TokenReview rejected (a token never turns valid later), so
+repeating a bad token costs nothing; authorization refusals are never cached,
+so a freshly granted role works at once. The API client given is bounded
+(:class:`nmo.webhooks.budget.BudgetedKube`): past its rate the answer is 429
+``Too many authentication requests``, and no TokenReview is sent.
 """
 
 from __future__ import annotations
@@ -30,8 +34,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nmo.core.errors import KubeError
+from nmo.core.errors import KubeError, TooManyRequests
 from nmo.core.kube import api_path
+from nmo.webhooks.budget import Forgetful
 from nmo.webhooks.lookups import KubeClient
 
 log = logging.getLogger("nmo.webhooks.metrics_auth")
@@ -105,6 +110,7 @@ class MetricsAuth:
         self._kube = kube
         self._users = _TTLCache(cache_ttl, max_entries, clock)
         self._allowed = _TTLCache(cache_ttl, max_entries, clock)
+        self._rejected = Forgetful(cache_ttl, 4 * max_entries, clock=clock)
         self.reviews = 0
 
     async def authenticate(self, token: str) -> User | None:
@@ -113,6 +119,8 @@ class MetricsAuth:
         cached: User | None = self._users.get(key)
         if cached is not None:
             return cached
+        if key in self._rejected:
+            return None
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
@@ -122,6 +130,7 @@ class MetricsAuth:
         answer = await self._kube.request("POST", TOKEN_REVIEWS, body=body, retry=False)
         status = answer.get("status") or {}
         if not status.get("authenticated"):
+            self._rejected.add(key)
             if status.get("error"):
                 log.debug("token rejected", extra={"error": status.get("error")})
             return None
@@ -174,6 +183,8 @@ class MetricsAuth:
             raise AuthRejected(401, "Unauthorized")
         try:
             user = await self.authenticate(token)
+        except TooManyRequests as exc:
+            raise AuthRejected(429, "Too many authentication requests") from exc
         except KubeError as exc:
             log.error("metrics authentication failed", extra={"error": str(exc)})
             raise AuthRejected(500, "Authentication failed") from exc
@@ -182,6 +193,8 @@ class MetricsAuth:
         verb = method.lower()  # as the apiserver's RequestInfo derives it
         try:
             allowed = await self.authorize(user, path=path, verb=verb)
+        except TooManyRequests as exc:
+            raise AuthRejected(429, "Too many authorization requests") from exc
         except KubeError as exc:
             log.error("metrics authorization failed", extra={"user": user.name, "error": str(exc)})
             raise AuthRejected(500, f"Authorization for user {user.name} failed") from exc

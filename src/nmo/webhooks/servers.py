@@ -10,6 +10,13 @@ main; here each server is a task in the one asyncio loop:
   their connections send small writes at once (no Nagle, see :func:`bind`)
   and stay open while idle longer than the apiserver keeps them, so it is
   never the server that closes a connection a request is on its way to;
+* connections are accepted by nmo's own :class:`~nmo.webhooks.listener.Listener`
+  (one per port), not uvicorn's: a cap per port and deadlines for the TLS
+  handshake and a request's headers, so idle or trickling sockets cannot
+  fill the memory limit (issue 14);
+* the API requests untrusted callers can cause (webhook lookups, metrics
+  TokenReviews) go through budgets of their own
+  (:class:`~nmo.webhooks.budget.BudgetedKube`);
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
 * TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
@@ -43,10 +50,13 @@ from fastapi import FastAPI
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.webhooks.budget import BudgetedKube
+from nmo.webhooks.intake import BODY_SECONDS
+from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
 from nmo.webhooks.probes import Check, CheckFailed, Leading, Probes
-from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+from nmo.webhooks.tls import ReloadingCertificate, require_client_certificates, write_self_signed
 from nmo.webhooks.validators import Lookups
 
 log = logging.getLogger("nmo.webhooks.servers")
@@ -75,14 +85,48 @@ class ServerSettings:
     # must be the side that closes, or a request sent on a connection the
     # server is closing that instant fails ("EOF"), a failed admission.
     keep_alive_seconds: int = 120
+    # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    body_seconds: float = BODY_SECONDS  # an admission request's body must arrive within
+    # With a CA file, the webhook port requires a client certificate signed by
+    # it (the apiserver presents one when its AdmissionConfiguration says so):
+    # then no pod can post a review at all.
+    webhook_client_ca: Path | None = None
 
 
 class _EmbeddedServer(uvicorn.Server):
-    """uvicorn without its signal handlers (the CLI owns the signals)."""
+    """uvicorn without its signal handlers (the CLI owns the signals), whose
+    connections are accepted by a bounded :class:`Listener`."""
+
+    def __init__(self, config: uvicorn.Config, *, limits: ConnectionLimits, name: str) -> None:
+        super().__init__(config)
+        self.limits = limits
+        self.name = name
+        self.listeners: list[Listener] = []
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            raise RuntimeError(f"the {self.name} app failed to start")
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+
+        for sock in sockets or []:
+            listener = Listener(
+                sock, create_protocol, ssl_context=config.ssl, limits=self.limits, name=self.name
+            )
+            listener.start()
+            self.listeners.append(listener)
+        self.servers = self.listeners  # type: ignore[assignment]  # uvicorn closes them
+        self.started = True
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -194,6 +238,12 @@ class Servers:
     async def _start_webhook(self, port: int) -> None:
         s = self.settings
         cert = ReloadingCertificate(s.cert_dir, cert_name=s.cert_name, key_name=s.key_name)
+        if s.webhook_client_ca is not None:
+            require_client_certificates(cert.context, s.webhook_client_ca)
+            log.info(
+                "webhook requires client certificates",
+                extra={"client_ca": str(s.webhook_client_ca)},
+            )
         self.certificates["webhook"] = cert
         if self._load_webhook_cert(cert):
             await self._serve_webhook(cert, port)
@@ -232,6 +282,7 @@ class Servers:
         app = create_webhook_app(
             lookups=self.lookups,
             metrics=self.metrics,
+            body_seconds=s.body_seconds,
             background={"nmo-webhook-cert-watcher": lambda: cert.watch(s.cert_poll_interval)},
         )
         await self._start("webhook", app, port, cert.context)
@@ -251,7 +302,7 @@ class Servers:
             lifespan="on",
             log_config=None,
             access_log=False,
-            http="h11",
+            http=guarded_protocol(s.connection_limits),
             ws="none",
             proxy_headers=False,
             server_header=False,
@@ -261,7 +312,7 @@ class Servers:
         )
         sock = bind(s.bind_address, port)
         try:
-            server = _EmbeddedServer(config)
+            server = _EmbeddedServer(config, limits=s.connection_limits, name=name)
             config.load()
             server.lifespan = config.lifespan_class(config)
             await server.startup(sockets=[sock])
@@ -276,6 +327,10 @@ class Servers:
             name,
             extra={"address": s.bind_address, "port": self.ports[name], "tls": ctx is not None},
         )
+
+    def listener(self, name: str) -> Listener:
+        """The accept loop of a running server (for its counters)."""
+        return self._servers[name][0].listeners[0]
 
     @staticmethod
     async def _run(server: _EmbeddedServer, sock: socket.socket) -> None:
@@ -354,12 +409,17 @@ async def serve(
     ``leading`` (whether this replica runs the maintenance workers) answers
     ``/leaderz``. Raises when a server cannot start or stops on its own.
     """
-    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
+    # Budgets of their own (a share of the operator's client, issue 14 item 7):
+    # webhook lookups and metrics authentication cannot starve each other.
+    lookups = build_lookups(
+        BudgetedKube(kube), nodes=nodes, maintenances=maintenances, settings=lookup_settings
+    )
     ready = dict(readiness or {})
     if settings.require_webhook_for_ready and settings.webhook_port is not None:
         ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
     probes = Probes(healthz=liveness, readyz=ready, leading=leading)
-    servers = Servers(settings, kube=kube, lookups=lookups, metrics=metrics, probes=probes)
+    auth_kube = BudgetedKube(kube, max_in_flight=4, rate=5.0, burst=10)
+    servers = Servers(settings, kube=auth_kube, lookups=lookups, metrics=metrics, probes=probes)
     await servers.start()
     try:
         await servers.wait()

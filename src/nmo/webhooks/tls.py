@@ -97,6 +97,20 @@ def load_pair_safely(context: ssl.SSLContext, cert_file: Path, key_file: Path) -
         context.load_cert_chain(cert_copy, key_copy)
 
 
+def require_client_certificates(context: ssl.SSLContext, ca_file: Path) -> None:
+    """Make ``context`` refuse a handshake without a client certificate signed
+    by a CA in ``ca_file``; raises OSError or ssl.SSLError for an unusable file.
+
+    The CA file is read once: rotating the apiserver's client CA means a
+    restart (the serving certificate itself still reloads in place).
+    """
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"webhook client CA file {ca_file} not found") from exc
+    context.verify_mode = ssl.CERT_REQUIRED
+
+
 class ReloadingCertificate:
     """An SSLContext whose certificate follows the files in a directory."""
 
