@@ -287,3 +287,31 @@ async def test_good_pod_selector_is_allowed() -> None:
     )
     decision = await validate_create(obj, FakeLookups(nodes={"n1": node("n1")}), claimant="u")
     assert decision.allowed
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [None],
+        "x",
+        {"nodeName": "n1", "drain": [1]},
+        {"nodeName": "n1", "drain": {"podSelector": 3}},
+    ],
+)
+def test_malformed_specs_never_crash_the_drain_check(spec: object) -> None:
+    obj = {"metadata": {"name": "nm"}, "spec": spec}
+    assert validate_update(None, obj).allowed
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ({"matchExpressions": {"a": 1}}, "spec.drain.podSelector.matchExpressions must be a list"),
+        ({"matchExpressions": [1]}, "spec.drain.podSelector.matchExpressions[0] must be an object"),
+    ],
+)
+def test_malformed_selectors_are_refused_clearly(selector: Obj, message: str) -> None:
+    obj = nm("n1")
+    obj["spec"]["drain"] = {"podSelector": selector}
+    decision = validate_update(nm("n1"), obj)
+    assert (decision.allowed, decision.message) == (False, message)

@@ -47,7 +47,12 @@ def selector_error(selector: Mapping[str, Any] | None, where: str) -> str | None
     In and NotIn need values, Exists and DoesNotExist take none."""
     if not isinstance(selector, Mapping):
         return None
-    for i, expr in enumerate(selector.get("matchExpressions") or []):
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        return f"{where}.matchExpressions must be a list"
+    for i, expr in enumerate(expressions):
+        if not isinstance(expr, Mapping):
+            return f"{where}.matchExpressions[{i}] must be an object"
         op, values = expr.get("operator"), expr.get("values") or []
         if op in ("In", "NotIn") and not values:
             return f"{where}.matchExpressions[{i}]: operator {op} needs at least one value"

@@ -233,9 +233,10 @@ def drain_spec_error(obj: Obj) -> str | None:
     a label selector's requirements also need values exactly when their
     operator compares against values (metav1.LabelSelector's rule).
     """
-    drain = (obj.get("spec") or {}).get("drain")
+    spec = obj.get("spec")
+    drain = spec.get("drain") if isinstance(spec, dict) else None
     if not isinstance(drain, dict):
-        return None
+        return None  # a malformed spec is the CRD schema's to refuse
     return selector_error(drain.get("podSelector"), "spec.drain.podSelector")
 
 
