@@ -215,23 +215,28 @@ async def test_budget_holds_for_100_crs_across_a_leader_change(
                 return objs if len(begun) == budget and len(pending) == 100 - budget else None
 
             objs = await wait_for(started, timeout=90, what=f"{budget} started, the rest Pending")
-            order = queue_order(objs)
+            # The first ten were admitted while the others were still being created
+            # (first come, first served); from then on every CR exists, so the rest
+            # must start in the queue's order: creationTimestamp, then name.
+            first = [n for n in queue_order(objs) if objs[n]["status"]["phase"] != "Pending"]
+            order = first + [n for n in queue_order(objs) if n not in first]
             done: list[str] = []
             waits: list[float] = []
             killed = False
             while len(done) < 100:
                 objs = await phases(api, prefix)
+                status = {n: (o.get("status") or {}).get("phase") for n, o in objs.items()}
                 begun = sorted(
-                    (
-                        n
-                        for n, o in objs.items()
-                        if (o.get("status") or {}).get("phase") == "Succeeded"
-                    ),
+                    (n for n, p in status.items() if p in ("Running", "Succeeded")),
                     key=order.index,
                 )
+                # One snapshot: the begun CRs are always the oldest not yet removed
+                # (a drain may end in any order, so Succeeded alone proves nothing).
                 expected = [n for n in order if n not in done][: len(begun)]
                 assert begun == expected, f"started out of creation order: {begun} vs {expected}"
-                if len(begun) < min(budget, 100 - len(done)):
+                if len(begun) < min(budget, 100 - len(done)) or any(
+                    status[n] != "Succeeded" for n in begun
+                ):
                     await asyncio.sleep(0.1)
                     continue
                 queued = [n for n in order if n not in done and n not in begun]
@@ -288,9 +293,29 @@ async def test_budget_holds_for_100_crs_across_a_leader_change(
             )
             assert watch.peak == budget, watch.peak
             assert killed
+            # The nodes were taken in creation order too, as the watch saw them.
+            first_taint = {}
+            for _, node, tainted in watch.changes:
+                if tainted:
+                    first_taint.setdefault(node, len(first_taint))
+            taken = sorted(first_taint, key=first_taint.__getitem__)
+            want = [nodes[names.index(n)] for n in order]
+            assert set(taken[:budget]) == set(want[:budget]), taken
+            assert taken[budget:] == want[budget:], taken
         finally:
             watch.stop()
-            await gen.aclose()
+            try:
+                await _remove_all(api, prefix)  # a failure leaves nothing to later tests
+            finally:
+                await gen.aclose()
+
+
+async def _remove_all(api: Api, prefix: str) -> None:
+    left = list(await phases(api, prefix))
+    await asyncio.gather(*(api.delete(f"{NM}/{n}") for n in left))
+    await asyncio.gather(
+        *(wait_for(lambda n=n: _gone(api, n), timeout=60, what=f"{n} removed") for n in left)
+    )
 
 
 async def _gone(api: Api, name: str) -> bool:
