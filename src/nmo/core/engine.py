@@ -236,6 +236,8 @@ class Engine:
             # after a watch gap), nothing of it may keep running.
             self.memories.forget(name)
             self._wake_queued()  # its slot may be free (pruned at the next admission)
+            if self.leading:
+                self._phase_gauge()  # no pass follows a deletion: count it now
             return
         if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
             return  # a status-only change (most often our own write): nothing to do
