@@ -84,6 +84,7 @@ async def test_results_are_labelled_as_controller_runtime_labels_them(engine: En
         assert sample(m, "controller_runtime_reconcile_total", result=result) == count, result
     assert sample(m, "controller_runtime_reconcile_errors_total") == 2
     assert sample(m, "controller_runtime_terminal_reconcile_errors_total") == 0
+    assert sample(m, "controller_runtime_reconcile_panics_total") == 1  # the crash
     # nmo's own series keep their three results.
     nmo = {r: m.registry.get_sample_value("nmo_reconcile_total", {"result": r}) for r in expected}
     assert nmo == {"success": 1, "requeue_after": None, "requeue": 2, "error": 2}

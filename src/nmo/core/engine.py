@@ -405,6 +405,8 @@ class Engine:
                 )
             except Exception:
                 result = compat = "error"
+                # A crash is what a recovered panic is to controller-runtime.
+                self.metrics.cr_panics.labels(controller=CONTROLLER).inc()
                 delay = self.queue.backoff(key)
                 log.exception("maintenance %s: reconcile crashed, retrying in %.1fs", key, delay)
             finally:
