@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from audit import AuditWindow, nmo_events
-from objects import NM, Api, uid
+from objects import LEASES, NM, Api, uid
 from operator_fixtures import Operator, scrape, wait_for
 from test_drain_control import blocked_node, remove_nm, wait_phase
 from test_maintenance import reconciled_again
@@ -235,3 +235,40 @@ async def test_leader_and_standby_report_their_roles(
     assert metric(took_over, "nmo_leader") == 1
     assert metric(took_over, "controller_runtime_max_concurrent_reconciles", **CTRL) == 10
     assert ("workqueue_depth", frozenset({**QUEUE, "priority": ""}.items())) in took_over
+
+
+async def test_lease_renewals_and_a_vanished_lease_are_counted(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    (node,) = await node_factory(1)
+    name = f"nm-{uid()}"
+    port = operator.metrics_port
+    await api.create_nm(name, node)
+    await wait_phase(api, name, "Succeeded")
+    before = await scrape(port)
+    # The session's nmo renews every 2 s: each new renewTime is one renewal.
+    seen: set[str] = set()
+
+    async def renewed_twice() -> bool:
+        lease = await api.lease(node)
+        assert lease is not None, f"the lease of node {node} is gone"
+        seen.add(lease["spec"]["renewTime"])
+        return len(seen) >= 3
+
+    await wait_for(renewed_twice, timeout=30, what="two renewals of the node lease")
+    after = await scrape(port)
+    assert delta(after, before, "nmo_lease_renewals_total") >= len(seen) - 1
+    assert delta(after, before, "nmo_lease_errors_total") == 0
+
+    # Someone deletes the lease: the next renewal fails, once, as a renewal error.
+    await api.delete(f"{LEASES}/node-{node}")
+
+    async def failed() -> Samples | None:
+        s = await scrape(port)
+        return s if delta(s, after, "nmo_lease_errors_total", kind="renewal") > 0 else None
+
+    lost = await wait_for(failed, timeout=30, what="a failed renewal counted")
+    assert delta(lost, after, "nmo_lease_errors_total", kind="renewal") == 1
+    assert delta(lost, after, "nmo_lease_errors_total", kind="foreign") == 0
+    assert delta(lost, after, "nmo_lease_errors_total", kind="api") == 0
+    await remove_nm(api, name)
