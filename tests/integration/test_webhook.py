@@ -188,15 +188,29 @@ async def kubectl_create(sandbox: Sandbox, obj: Json) -> tuple[int, str]:
 
 
 async def test_missing_node_is_refused_by_kubectl(sandbox: Sandbox, webhook: Webhook) -> None:
+    def served() -> dict[str, float]:
+        read = webhook.metrics.registry.get_sample_value
+        out = {
+            result: read("nmo_webhook_admissions_total", {"operation": "CREATE", "result": result})
+            or 0.0
+            for result in ("allowed", "denied", "error")
+        }
+        out["answered"] = read("nmo_webhook_admission_duration_seconds_count") or 0.0
+        return out
+
+    before = served()
     node = unique("missing")
     code, stderr = await kubectl_create(sandbox, nm(unique("nm"), node))
     assert code != 0
     assert DENIED + Messages.WEBHOOK_NO_NODE.format(node=node) in stderr
-    count = webhook.metrics.registry.get_sample_value(
-        "nmo_webhook_admissions_total", {"operation": "CREATE", "result": "denied"}
-    )
-    assert count is not None
-    assert count >= 1
+    after = served()
+    # One review, one denial: the API server asked once and was told no.
+    assert {k: after[k] - before[k] for k in after} == {
+        "allowed": 0,
+        "denied": 1,
+        "error": 0,
+        "answered": 1,
+    }
 
 
 async def test_duplicate_and_node_name_change_are_refused(
