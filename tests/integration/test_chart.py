@@ -235,6 +235,7 @@ async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release
         ("delete", "leases.coordination.k8s.io", "-n", LEASE_NS),
         ("update", "leases.coordination.k8s.io", "-n", NS),
         ("create", "events", "-n", "default"),
+        ("patch", "events", "-n", "default"),
         ("create", "tokenreviews.authentication.k8s.io"),
         ("create", "subjectaccessreviews.authorization.k8s.io"),
     ]
