@@ -102,12 +102,6 @@ async def test_two_maintenances_of_one_node_share_one_uncordon_event(
 
         await wait_for(uncordoned, what=f"{node} uncordoned after {name}")
 
-        async def removed(name: str = name) -> bool:
-            # The end of the CR's last pass: the next CR cannot meet it in nmo's cache.
-            return bool(await api.events(name, "RemovedMaintenance"))
-
-        await wait_for(removed, what=f"RemovedMaintenance of {name}")
-
     async def counted_twice() -> list[dict[str, Any]] | None:
         events = await api.events(node, "UncordonNode")
         return events if events and events[0].get("count") == 2 else None
