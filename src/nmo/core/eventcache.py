@@ -174,11 +174,10 @@ class EventCorrelator:
         """The write for ``event`` at ``now``, or None when the spam filter drops it."""
         aggregated, key = self._aggregate(event, now)
         observed, patch = self._observe(aggregated, key)
-        bucket = self._buckets.get(spam_key(observed))
-        if bucket is None:
-            bucket = _Bucket(tokens=float(self.burst), stamp=now)
+        spam = spam_key(observed)
+        bucket = self._buckets.get(spam) or _Bucket(tokens=float(self.burst), stamp=now)
         allowed = bucket.take(now, burst=self.burst, qps=self.qps)
-        self._buckets.put(spam_key(observed), bucket)
+        self._buckets.put(spam, bucket)
         if not allowed:
             return None
         return Correlated(event=observed, patch=patch)
