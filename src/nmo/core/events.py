@@ -139,7 +139,12 @@ class EventRecorder:
                 try:
                     answer = await self.kube.request(
                         "PATCH",
-                        f"{path}/{written['metadata']['name']}",
+                        api_path(
+                            "v1",
+                            "events",
+                            namespace=EVENT_NAMESPACE,
+                            name=written["metadata"]["name"],
+                        ),
                         body=result.patch,
                         content_type=STRATEGIC_MERGE,
                     )
