@@ -143,6 +143,9 @@ async def test_a_blocked_then_finished_maintenance_by_the_numbers(
     }
     assert sum(cr.values()) == passes, cr
     assert cr["error"] == delta(after, before, "controller_runtime_reconcile_errors_total", **CTRL)
+    assert cr["error"] == delta(after, before, "nmo_reconcile_errors_total")
+    assert delta(after, before, "nmo_reconcile_duration_seconds_count") == passes
+    assert metric(after, "nmo_workqueue_depth") == 0
     assert cr["requeue_after"] >= 1, cr  # the blocked drain asked to be looked at again
     assert delta(after, before, "controller_runtime_reconcile_time_seconds_count", **CTRL) == passes
     # Each pass was handed out once by the queue, after being added once.
