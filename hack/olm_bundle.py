@@ -67,6 +67,8 @@ OLM_VALUES = {
     # OLM is how OpenShift installs operators: grant the etcd quorum guard read.
     "openshift.etcdQuorumGuard": "true",
 }
+# Optional hardening the chart may render that OLM has no place for.
+NOT_IN_REGISTRY_V1 = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 # OpenShift's console filters on these; nmo claims none of the features.
 OPENSHIFT_NO = (
     "fips-compliant",
@@ -208,9 +210,10 @@ def _deployment_spec(deployment: Obj, dropped: list[str]) -> tuple[Obj, str | No
         ref = env.get("POD_NAMESPACE", {}).get("valueFrom", {}).get("fieldRef", {})
         if ref.get("fieldPath") != "metadata.namespace":
             raise BundleError("the manager has no POD_NAMESPACE from metadata.namespace")
-    cert_dir = _arg_value(args, "--cert-dir")
+    # Without the flag nmo reads OLM_CERT_DIR too (its default).
+    cert_dir = _arg_value(args, "--cert-dir") or OLM_CERT_DIR
     secret: str | None = None
-    if cert_dir is not None:
+    if "--no-enable-webhook" not in args:
         if cert_dir != OLM_CERT_DIR:
             raise BundleError(
                 f"--cert-dir={cert_dir}: OLM mounts the certificate at {OLM_CERT_DIR}"
@@ -421,6 +424,9 @@ def build_bundle(docs: list[Obj], meta: Obj, *, image: str, channel: str = "stab
             continue  # OLM creates <deploymentName>-service for the webhook
         if kind == "Secret" and name == cert_secret:
             continue  # OLM issues the serving certificate
+        if kind in NOT_IN_REGISTRY_V1:
+            dropped.append(f"{kind} {name}: a registry+v1 bundle cannot carry it")
+            continue
         if kind in ("ClusterRole", "Service", "PodDisruptionBudget", "NetworkPolicy"):
             obj = _strip_helm(doc)
             _assert_no_sentinel(obj, f"{kind} {name}")

@@ -42,6 +42,14 @@ GENERATOR = ROOT / "hack" / "olm_bundle.py"
 VALIDATOR_SCRIPT = ROOT / "hack" / "bundle-validate.sh"
 IMAGE = "registry.example.com/nmo:0.1.0"
 CSV_FILE = "node-maintenance-operator.clusterserviceversion.yaml"
+CRD_FILE = "nodemaintenance.medik8s.io_nodemaintenances.yaml"
+BUNDLE_KINDS = {
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "Service",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+}
 
 
 def _load_generator() -> ModuleType:
@@ -128,14 +136,16 @@ def validate(validator: Path, bundle: Path) -> subprocess.CompletedProcess[str]:
 
 def test_bundle_layout(bundle_out: Path) -> None:
     root = bundle_out / "bundle"
-    manifests = sorted(p.name for p in (root / "manifests").iterdir())
-    assert manifests == [
-        "node-maintenance-operator-controller-manager-metrics-service_v1_service.yaml",
-        "node-maintenance-operator-controller-manager_policy_v1_poddisruptionbudget.yaml",
-        "node-maintenance-operator-metrics-reader_rbac.authorization.k8s.io_v1_clusterrole.yaml",
-        CSV_FILE,
-        "nodemaintenance.medik8s.io_nodemaintenances.yaml",
-    ]
+    kinds = {p.name: yaml.safe_load(p.read_text())["kind"] for p in (root / "manifests").iterdir()}
+    assert kinds[CSV_FILE] == "ClusterServiceVersion"
+    assert kinds[CRD_FILE] == "CustomResourceDefinition"
+    assert {"ClusterRole", "Service", "PodDisruptionBudget"} <= set(kinds.values())
+    # Only what OLM creates in the install namespace, or cluster-wide for the CSV.
+    assert set(kinds.values()) <= {*BUNDLE_KINDS, "ClusterServiceVersion"}
+    assert (
+        "node-maintenance-operator-metrics-reader_rbac.authorization.k8s.io_v1_clusterrole.yaml"
+        in kinds
+    )
     annotations = yaml.safe_load((root / "metadata" / "annotations.yaml").read_text())
     assert annotations["annotations"] == {
         "operators.operatorframework.io.bundle.mediatype.v1": "registry+v1",
@@ -150,8 +160,8 @@ def test_bundle_layout(bundle_out: Path) -> None:
         assert f"LABEL {key}={value}\n" in dockerfile
     assert "COPY bundle/manifests /manifests/\n" in dockerfile
     # The CRD is the chart's, byte for byte in content.
-    crd = yaml.safe_load((root / "manifests" / manifests[-1]).read_text())
-    chart_crd = yaml.safe_load((CHART / "crds" / manifests[-1]).read_text())
+    crd = yaml.safe_load((root / "manifests" / CRD_FILE).read_text())
+    chart_crd = yaml.safe_load((CHART / "crds" / CRD_FILE).read_text())
     assert crd == chart_crd
 
 
@@ -186,7 +196,7 @@ def _wrong_target_port(root: Path) -> None:
 
 
 def _drop_crd(root: Path) -> None:
-    (root / "manifests" / "nodemaintenance.medik8s.io_nodemaintenances.yaml").unlink()
+    (root / "manifests" / CRD_FILE).unlink()
 
 
 def _drop_package(root: Path) -> None:
@@ -295,7 +305,6 @@ def test_deployment_matches_the_chart(
 
     # Only the release namespace (nmo falls back to $POD_NAMESPACE) is gone.
     ns_arg = f"--leader-election-namespace={gen.SENTINEL_NS}"
-    assert ns_arg in want["args"]
     assert got["args"] == [a for a in want["args"] if a != ns_arg]
     assert {
         "name": "POD_NAMESPACE",
@@ -306,7 +315,10 @@ def test_deployment_matches_the_chart(
         assert got[key] == want[key], key
     # OLM mounts the serving certificate where --cert-dir points: the chart's
     # volume there is gone, the rest of the pod is the chart's.
-    cert_dir = next(a.split("=", 1)[1] for a in got["args"] if a.startswith("--cert-dir="))
+    cert_dir = next(
+        (a.split("=", 1)[1] for a in got["args"] if a.startswith("--cert-dir=")),
+        c.DEFAULT_CERT_DIR,
+    )
     assert cert_dir == c.DEFAULT_CERT_DIR == gen.OLM_CERT_DIR
     assert [m for m in want["volumeMounts"] if m["mountPath"] != cert_dir] == got["volumeMounts"]
     cert_volumes = {m["name"] for m in want["volumeMounts"] if m["mountPath"] == cert_dir}
@@ -355,9 +367,8 @@ def test_rbac_matches_the_chart(
     want_cluster = _rules([rule for r in bound + elsewhere for rule in r["rules"]])
     assert _rules(spec["permissions"][0]["rules"]) == want_ns
     assert _rules(spec["clusterPermissions"][0]["rules"]) == want_cluster
-    # The same rules, none invented: nothing beyond the chart's.
-    assert ("coordination.k8s.io", "leases", "delete") in want_cluster
-    assert ("", "pods", "delete") not in want_cluster
+    # The chart grants no wildcard; the CSV neither (NMO's has oauth.openshift.io *).
+    assert not any("*" in triple for triple in _rules(spec["clusterPermissions"][0]["rules"]))
 
 
 def test_owned_crd_and_package(csv: dict[str, Any], chart: dict[str, list[dict[str, Any]]]) -> None:
@@ -408,3 +419,30 @@ def test_generator_lists_what_olm_cannot_express(rendered: list[dict[str, Any]])
     dropped = "\n".join(bundle.dropped)
     assert "matchConditions" in dropped
     assert f"Role {c.LEASE_NAMESPACE_DEFAULT}/" in dropped and "granted cluster-wide" in dropped
+
+
+def test_generator_drops_what_registry_v1_cannot_carry_and_says_so(
+    rendered: list[dict[str, Any]],
+) -> None:
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "nmo-policy"},
+    }
+    bundle = gen.build_bundle([*rendered, policy], gen.chart_meta(), image=IMAGE)
+    assert "ValidatingAdmissionPolicy nmo-policy: a registry+v1 bundle cannot carry it" in (
+        bundle.dropped
+    )
+    assert all(m["kind"] != "ValidatingAdmissionPolicy" for m in bundle.manifests.values())
+
+
+def test_optional_chart_objects_make_a_valid_bundle(validator: Path, tmp_path: Path) -> None:
+    """The optional NetworkPolicy goes into the bundle as OLM carries it (no namespace)."""
+    docs = gen.render_chart(_helm(), extra=["--set", "networkPolicy.enabled=true"])
+    bundle = gen.build_bundle(docs, gen.chart_meta(), image=IMAGE)
+    root = gen.write_bundle(bundle, tmp_path)
+    policies = [m for m in bundle.manifests.values() if m["kind"] == "NetworkPolicy"]
+    assert len(policies) == 1 and "namespace" not in policies[0]["metadata"]
+    res = validate(validator, root)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().endswith(": 0 errors, 0 warnings")
