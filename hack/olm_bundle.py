@@ -317,16 +317,17 @@ def _permissions(
         ns = rb["metadata"]["namespace"]
         if not _bound_to(rb, sa):
             raise BundleError(f"RoleBinding {ns}/{rb['metadata']['name']} binds someone else")
-        role = ns_roles[(ns, rb["roleRef"]["name"])]
+        ref = rb["roleRef"]
+        role = roles[ref["name"]] if ref["kind"] == "ClusterRole" else ns_roles[(ns, ref["name"])]
         if ns == SENTINEL_NS:
             ns_rules += role["rules"]
         else:
             cluster_rules += role["rules"]
             dropped.append(
-                f"Role {ns}/{role['metadata']['name']}: granted cluster-wide "
+                f"{ref['kind']} {ns}/{ref['name']}: granted cluster-wide "
                 "(OLM's permissions reach only the install namespace)"
             )
-        consumed |= {("RoleBinding", rb["metadata"]["name"]), ("Role", role["metadata"]["name"])}
+        consumed |= {("RoleBinding", rb["metadata"]["name"]), (ref["kind"], ref["name"])}
     return cluster_rules, ns_rules, consumed
 
 

@@ -446,3 +446,30 @@ def test_optional_chart_objects_make_a_valid_bundle(validator: Path, tmp_path: P
     res = validate(validator, root)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip().endswith(": 0 errors, 0 warnings")
+
+
+def test_rolebinding_to_a_clusterrole_in_another_namespace(rendered: list[dict[str, Any]]) -> None:
+    [deployment] = [d for d in rendered if d["kind"] == "Deployment"]
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "nmo-configmaps"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "nmo-configmaps", "namespace": "elsewhere"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "nmo-configmaps",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": gen.SENTINEL_NS}],
+    }
+    bundle = gen.build_bundle([*rendered, role, binding], gen.chart_meta(), image=IMAGE)
+    [cluster] = bundle.csv["spec"]["install"]["spec"]["clusterPermissions"]
+    assert ("", "configmaps", "get") in _rules(cluster["rules"])
+    assert all(m["metadata"]["name"] != "nmo-configmaps" for m in bundle.manifests.values())
+    assert "ClusterRole elsewhere/nmo-configmaps: granted cluster-wide" in "\n".join(bundle.dropped)
