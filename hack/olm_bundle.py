@@ -467,6 +467,18 @@ def build_bundle(docs: list[Obj], meta: Obj, *, image: str, channel: str = "stab
                 "containerImage": image,
                 "description": "Cordons, taints and drains a node while a NodeMaintenance exists.",
                 "operatorframework.io/suggested-namespace": SUGGESTED_NAMESPACE,
+                # An empty node selector: OpenShift's default one would keep the
+                # pods off the control-plane nodes the Deployment prefers.
+                "operatorframework.io/suggested-namespace-template": json.dumps(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Namespace",
+                        "metadata": {
+                            "name": SUGGESTED_NAMESPACE,
+                            "annotations": {"openshift.io/node-selector": ""},
+                        },
+                    }
+                ),
                 # Disconnected installs mirror images by digest only.
                 "features.operators.openshift.io/disconnected": json.dumps("@sha256:" in image),
                 **{f"features.operators.openshift.io/{k}": "false" for k in OPENSHIFT_NO},
@@ -553,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     root = write_bundle(bundle, opts.out)
     for note in bundle.dropped:
-        print(f"olm_bundle: not carried over: {note}", file=sys.stderr)
+        print(f"olm_bundle: differs from the chart: {note}", file=sys.stderr)
     print(root)
     return 0
 

@@ -392,6 +392,11 @@ def test_owned_crd_and_package(csv: dict[str, Any], chart: dict[str, list[dict[s
     }
     annotations = csv["metadata"]["annotations"]
     assert annotations["operatorframework.io/suggested-namespace"] == c.OPERATOR_NAMESPACE
+    template = json.loads(annotations["operatorframework.io/suggested-namespace-template"])
+    assert template["metadata"] == {
+        "name": c.OPERATOR_NAMESPACE,
+        "annotations": {"openshift.io/node-selector": ""},
+    }
     [example] = json.loads(annotations["alm-examples"])
     assert example["kind"] == "NodeMaintenance"
 
