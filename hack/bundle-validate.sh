@@ -14,7 +14,7 @@
 # complete; the Go module cache keeps downloaded sources between runs. The
 # directory name carries the library versions and a digest of the module's
 # files, so a change to any of them builds a new validator. A first build
-# with empty Go caches costs about 330 CPU-seconds (and 300 MB of modules).
+# with empty Go caches costs about 330 CPU-seconds and 570 MB of module cache.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
