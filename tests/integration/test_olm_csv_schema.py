@@ -11,8 +11,10 @@ fresh namespace, as OLM would create them there.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -65,10 +67,15 @@ async def olm_csv_crd(sandbox: Sandbox, csv_crd: Path) -> AsyncIterator[None]:
     crd = csv_crd
     applied = await sandbox.kubectl("apply", "--server-side", "-f", str(crd))
     assert applied.returncode == 0, describe(applied)
-    established = await sandbox.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd)
-    )
-    assert established.returncode == 0, describe(established)
+    # `kubectl wait` fails outright while a new CRD has no conditions yet: poll.
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + 60
+    while True:
+        got = await sandbox.kubectl("get", "-f", str(crd), "-o", f"jsonpath={jsonpath}")
+        if got.stdout.strip() == "True":
+            break
+        assert time.monotonic() < deadline, f"CSV CRD never Established: {describe(got)}"
+        await asyncio.sleep(0.2)
     yield
     await sandbox.kubectl("delete", "-f", str(crd), "--wait=false")
 
