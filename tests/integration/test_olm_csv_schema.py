@@ -6,7 +6,9 @@ never check required fields of list items. Here the API server checks the
 CSV against the CRD OLM installs (copied by ``hack/bundle-validate.sh`` from
 the same operator-framework/api module), and every other manifest of the
 bundle against the real Kubernetes schemas, with a server-side dry run in a
-fresh namespace, as OLM would create them there.
+fresh namespace, as OLM would create them there. Last, the Deployment OLM
+makes of the CSV, with the certificate volumes OLM adds, is accepted, and
+would not be had the chart's own certificate volume been kept.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ GENERATOR = ROOT / "hack" / "olm_bundle.py"
 VALIDATOR_SCRIPT = ROOT / "hack" / "bundle-validate.sh"
 CSV_CRD = "operators.coreos.com_clusterserviceversions.yaml"
 CSV_FILE = "node-maintenance-operator.clusterserviceversion.yaml"
+OLM_CERT_DIR = "/apiserver.local.config/certificates"  # OLM mounts apiserver.crt/.key here
 
 
 def describe(result: subprocess.CompletedProcess[str]) -> str:
@@ -131,3 +134,64 @@ async def test_apiserver_rejects_a_broken_webhook_definition(
     result = await dry_run(sandbox, namespace, [csv])
     assert result.returncode != 0, describe(result)
     assert complaint in result.stderr, describe(result)
+
+
+def _as_olm_installs(name: str, spec: dict[str, Any], *, keep_chart_cert: bool) -> dict[str, Any]:
+    """The Deployment OLM creates from the CSV: its certificate volumes added to the pod."""
+    spec = yaml.safe_load(yaml.safe_dump(spec))
+    pod = spec["template"]["spec"]
+    secret = f"{name}-service-cert"
+    pod.setdefault("volumes", []).extend(
+        [
+            {
+                "name": "apiservice-cert",
+                "secret": {
+                    "secretName": secret,
+                    "items": [
+                        {"key": "tls.crt", "path": "apiserver.crt"},
+                        {"key": "tls.key", "path": "apiserver.key"},
+                    ],
+                },
+            },
+            {
+                "name": "webhook-cert",
+                "secret": {
+                    "secretName": secret,
+                    "items": [
+                        {"key": "tls.crt", "path": "tls.crt"},
+                        {"key": "tls.key", "path": "tls.key"},
+                    ],
+                },
+            },
+        ]
+    )
+    container = pod["containers"][0]
+    mounts = container.setdefault("volumeMounts", [])
+    if keep_chart_cert:
+        pod["volumes"].append({"name": "cert", "secret": {"secretName": "chart-cert"}})
+        mounts.append({"name": "cert", "mountPath": OLM_CERT_DIR, "readOnly": True})
+    mounts.extend(
+        [
+            {"name": "apiservice-cert", "mountPath": OLM_CERT_DIR},
+            {"name": "webhook-cert", "mountPath": "/tmp/k8s-webhook-server/serving-certs"},
+        ]
+    )
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.mark.parametrize("keep_chart_cert", [False, True])
+async def test_deployment_takes_olm_certificate_mounts(
+    sandbox: Sandbox, namespace: str, manifests: dict[str, dict[str, Any]], keep_chart_cert: bool
+) -> None:
+    """Why the generator drops the chart's cert volume: OLM mounts its own at the same path."""
+    [deployment] = manifests[CSV_FILE]["spec"]["install"]["spec"]["deployments"]
+    installed = _as_olm_installs(
+        deployment["name"], deployment["spec"], keep_chart_cert=keep_chart_cert
+    )
+    result = await dry_run(sandbox, namespace, [installed])
+    if keep_chart_cert:
+        assert result.returncode != 0, describe(result)
+        assert "must be unique" in result.stderr, describe(result)
+    else:
+        assert result.returncode == 0, describe(result)
+        assert "(server dry run)" in result.stdout
