@@ -22,11 +22,13 @@ ServiceAccount, webhook Service,   dropped: OLM creates the account, the
 serving-certificate Secret         ``<deployment>-service`` and the certificate
 other ClusterRoles, Services,      ``manifests/`` as they are (no namespace: OLM
 PodDisruptionBudget, NetworkPolicy puts them in the install namespace)
+ValidatingAdmissionPolicy(Binding) dropped, with a note: registry+v1 has no place
 =================================  ==============================================
 
 Anything else the chart may render one day stops the generator with an error
-rather than vanishing from the bundle. Whatever cannot be expressed (a webhook's
-``matchConditions``) is listed on stderr and in docs/install.md.
+rather than vanishing from the bundle. What differs from the chart (a webhook's
+``matchConditions``, the Roles granted cluster-wide) is listed on stderr and
+in docs/install.md, section 9.
 
 This is developer tooling: it needs helm and PyYAML, never the nmo package.
 Output: ``<out>/bundle/{manifests,metadata}`` and ``<out>/bundle.Dockerfile``.
