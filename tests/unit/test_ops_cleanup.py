@@ -275,3 +275,20 @@ def test_replanned_subset_is_accepted() -> None:
 def test_leader_alive(spec: dict[str, Any], alive: str | None) -> None:
     assert leader_alive({"spec": spec}, NOW) == alive
     assert leader_alive(None, NOW + timedelta(0)) is None
+
+
+@pytest.mark.parametrize("holder", ["[/]", "[link=https://evil.example/]x[/link]"])
+def test_plan_shown_as_plain_text(holder: str) -> None:
+    """A foreign lease holder is a free string: the plan prints it, never as markup."""
+    from rich.console import Console
+
+    from nmo.cli.ops import _show_plan
+
+    shown = plan(node(taints=[DRAIN], cordoned=True), [nm()], lease(holder))
+    terminal = Console(width=300, force_terminal=True, color_system="truecolor")
+    with terminal.capture() as captured:
+        _show_plan(terminal, shown)
+    assert "\x1b]8;" not in captured.get()  # no OSC 8 terminal hyperlink
+    recorder = Console(record=True, width=300, color_system=None)
+    _show_plan(recorder, shown)
+    assert f"held by {holder}, not nmo's" in recorder.export_text()
