@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from nmo.api import constants as c
+from nmo.core.errors import NotFound
 from nmo.core.maintenance.node import PriorState
-from nmo.ops.cleanup import Plan, StepKind, leader_alive, plan_cleanup, same_or_smaller
+from nmo.ops.cleanup import (
+    Plan,
+    StepKind,
+    leader_alive,
+    plan_cleanup,
+    same_or_smaller,
+    watch_leader,
+)
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
@@ -41,6 +49,7 @@ def nm(
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
+        "uid": f"uid-{name}",
         "resourceVersion": "3",
         "creationTimestamp": "2026-01-01T10:00:00Z",
         "finalizers": list(finalizers),
@@ -216,7 +225,20 @@ def test_live_cr_gets_a_note_or_is_deleted_on_request() -> None:
         delete_maintenances=True,
     )
     assert kinds(p2) == [StepKind.REMOVE_FINALIZER, StepKind.DELETE_MAINTENANCE]
-    assert p2.deletions == ("nm-1",)
+    assert p2.deletions == (("nm-1", "uid-nm-1"),)
+    again = copy.deepcopy(nm())
+    again["metadata"]["uid"] = "uid-recreated"  # same name, another object
+    p3 = plan_cleanup(
+        "n1",
+        node=node(),
+        maintenances=[again],
+        lease=None,
+        lease_namespace="x",
+        delete_maintenances=True,
+    )
+    assert not same_or_smaller(p3, p2)  # never deleted on the confirmation of the first
+    ((_, ops),) = p3.finalizer_patches
+    assert {"op": "test", "path": "/metadata/uid", "value": "uid-recreated"} in ops
 
 
 def test_unknown_node_still_cleans_cr_and_lease() -> None:
@@ -242,39 +264,85 @@ def test_replanned_subset_is_accepted() -> None:
     assert not same_or_smaller(full, less)
 
 
+def leader(holder: str, rv: str, renew: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": c.LEADER_ELECTION_ID, "resourceVersion": rv},
+        "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": 15},
+    }
+
+
+FUTURE = "2099-01-01T00:00:00.000000Z"  # a dead leader whose clock ran far ahead
+PAST = "2000-01-01T00:00:00.000000Z"  # a live leader whose clock runs far behind
+
+
 @pytest.mark.parametrize(
-    ("spec", "alive"),
+    ("first", "later", "alive"),
     [
-        (
-            {
-                "holderIdentity": "nmo-1",
-                "renewTime": "2026-01-01T11:59:55.000000Z",
-                "leaseDurationSeconds": 15,
-            },
+        pytest.param(
+            leader("nmo-1", "1", PAST),
+            leader("nmo-1", "2", PAST),
             "nmo-1",
+            id="renewed-clock-behind",
         ),
-        (
-            {
-                "holderIdentity": "nmo-1",
-                "renewTime": "2026-01-01T11:59:00.000000Z",
-                "leaseDurationSeconds": 15,
-            },
+        pytest.param(
+            leader("nmo-1", "1", FUTURE),
+            leader("nmo-1", "1", FUTURE),
             None,
+            id="static-clock-ahead",
         ),
-        (
-            {
-                "holderIdentity": "",
-                "renewTime": "2026-01-01T11:59:59.000000Z",
-                "leaseDurationSeconds": 15,
-            },
-            None,
+        pytest.param(
+            leader("nmo-1", "1", PAST), leader("nmo-2", "2", PAST), "nmo-2", id="taken-over"
         ),
-        ({}, None),
+        pytest.param(leader("", "1", PAST), leader("", "2", FUTURE), None, id="released"),
+        pytest.param(leader("nmo-1", "1", PAST), None, None, id="deleted"),
+        pytest.param(None, leader("nmo-1", "1", PAST), None, id="created-meanwhile-unseen"),
     ],
 )
-def test_leader_alive(spec: dict[str, Any], alive: str | None) -> None:
-    assert leader_alive({"spec": spec}, NOW) == alive
-    assert leader_alive(None, NOW + timedelta(0)) is None
+def test_leader_alive_when_the_lease_moves(
+    first: dict[str, Any] | None, later: dict[str, Any] | None, alive: str | None
+) -> None:
+    assert leader_alive(first, later) == alive
+
+
+class LeaseReads:
+    """The leader lease as successive reads return it (None: not found)."""
+
+    def __init__(self, *reads: dict[str, Any] | None) -> None:
+        self.reads = list(reads)
+        self.calls = 0
+
+    async def get(self, path: str) -> dict[str, Any]:
+        assert path.endswith(f"/leases/{c.LEADER_ELECTION_ID}")
+        self.calls += 1
+        read = self.reads.pop(0)
+        if read is None:
+            raise NotFound("leases not found")
+        return read
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+async def test_watch_leader_stops_at_the_first_renewal() -> None:
+    first = leader("nmo-1", "1", PAST)
+    reads = LeaseReads(first, first, leader("nmo-1", "2", PAST), first)
+    got = await watch_leader(reads, "ns", first, window=5, poll=0.5, sleep=no_sleep)  # type: ignore[arg-type]
+    assert got == "nmo-1" and reads.calls == 3
+
+
+async def test_watch_leader_gives_up_after_the_window() -> None:
+    first = leader("nmo-1", "1", FUTURE)
+    reads = LeaseReads(*[first] * 20)
+    got = await watch_leader(reads, "ns", first, window=5, poll=0.5, sleep=no_sleep)  # type: ignore[arg-type]
+    assert got is None and reads.calls == 10
+
+
+async def test_watch_leader_without_holder_reads_nothing_more() -> None:
+    reads = LeaseReads()
+    assert await watch_leader(reads, "ns", leader("", "1", PAST), sleep=no_sleep) is None  # type: ignore[arg-type]
+    assert await watch_leader(reads, "ns", None, sleep=no_sleep) is None  # type: ignore[arg-type]
+    assert reads.calls == 0
 
 
 @pytest.mark.parametrize("holder", ["[/]", "[link=https://evil.example/]x[/link]"])

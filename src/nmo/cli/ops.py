@@ -252,8 +252,10 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
         if not missing:
             out.print(f"Nothing to do: {escape(str(node))} carries no maintenance left by nmo.")
         return missing
-    leader = cl.leader_alive(seen.leader, datetime.now(UTC))
-    if leader and not args.force:
+    leader = None
+    if not args.force:
+        leader = await cl.watch_leader(kube, args.operator_namespace, seen.leader)
+    if leader:
         err.print(
             f"[red]refusing:[/] the nmo leader {escape(repr(leader))} is alive (lease "
             f"{args.operator_namespace}/{c.LEADER_ELECTION_ID}); it would redo or undo these "
