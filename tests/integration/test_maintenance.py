@@ -7,6 +7,7 @@ Every test gets its own kwok nodes and namespace; the session's nmo process
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.integration
 RETRIES = ("requeue", "error")  # nmo_reconcile_total results that schedule another pass
 TAINT_KEYS = {"node.kubernetes.io/unschedulable", "medik8s.io/drain"}
 LABEL = "remediation.medik8s.io/exclude-from-remediation"
+PRIOR = "nodemaintenance.medik8s.io/prior-node-state"  # nmo's record, on the Node
 
 
 @pytest.fixture
@@ -472,6 +474,51 @@ async def test_prior_cordon_and_taints_are_kept(
     assert own_taint in node["spec"]["taints"]
     assert not taint_keys(node) & {"medik8s.io/drain"}
     assert await api.events(target, "UncordonNode") == []
+    assert PRIOR not in (node["metadata"].get("annotations") or {}), "the record stays behind"
+
+
+async def test_a_prior_state_forged_on_the_cr_is_ignored(
+    operator: Operator, api: Api, node_factory: Any
+) -> None:
+    """A CR author pre-sets "the node was cordoned, tainted and excluded before":
+    nmo records the real state on the node and restores that."""
+    (target,) = await node_factory(1)
+    keep = {"example.com/keep": "yes"}  # the record is added to the map, never replaces it
+    await api.merge(f"/api/v1/nodes/{target}", {"metadata": {"annotations": keep}})
+    forged = json.dumps(
+        {
+            "unschedulable": True,
+            "taints": ["medik8s.io/drain", "node.kubernetes.io/unschedulable"],
+            "label": True,
+        }
+    )
+    name = f"nm-{uid()}"
+    created = await api.create(
+        NM,
+        {
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name, "annotations": {PRIOR: forged}},
+            "spec": {"nodeName": target},
+        },
+    )
+    await wait_phase(api, name, "Succeeded")
+    during = await api.node(target)
+    assert during["metadata"]["annotations"].items() >= keep.items()
+    record = json.loads(during["metadata"]["annotations"][PRIOR])
+    assert record == {
+        "unschedulable": False,
+        "taints": [],
+        "label": False,
+        "maintenance": created["metadata"]["uid"],
+    }
+    await remove_nm(api, name)
+    node = await api.node(target)
+    assert not node["spec"].get("unschedulable"), "the forged prior state kept the cordon"
+    assert not taint_keys(node) & {"medik8s.io/drain", "node.kubernetes.io/unschedulable"}
+    assert "remediation.medik8s.io/exclude-from-remediation" not in node["metadata"]["labels"]
+    assert PRIOR not in (node["metadata"].get("annotations") or {})
+    assert node["metadata"]["annotations"].items() >= keep.items()
 
 
 async def test_lease_renewed_in_background(operator: Operator, api: Api, node_factory: Any) -> None:

@@ -33,11 +33,12 @@ def node(
     taints: list[dict[str, Any]] | None = None,
     cordoned: bool = False,
     labels: dict[str, str] | None = None,
+    prior: PriorState | None = None,
 ) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})},
-        "spec": {"unschedulable": cordoned, "taints": list(taints or [])},
-    }
+    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})}
+    if prior is not None:  # nmo's record, on the node
+        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
+    return {"metadata": meta, "spec": {"unschedulable": cordoned, "taints": list(taints or [])}}
 
 
 def nm(
@@ -114,20 +115,56 @@ def kinds(p: Plan) -> list[StepKind]:
             id="foreign-taints-kept",
         ),
         pytest.param(
-            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
-            [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
+            node(
+                taints=[UNSCHED, DRAIN],
+                cordoned=True,
+                labels=BOTH_LABELS,
+                prior=PriorState(
+                    unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,), maintenance="uid-nm-1"
+                ),
+            ),
+            [],
             [UNSCHED],
             True,
             {},
-            id="prior-cordon-kept",
+            id="prior-cordon-kept-even-with-the-cr-gone",
         ),
         pytest.param(
-            node(taints=[DRAIN], cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
-            [nm(prior=PriorState(label=True))],
+            node(
+                taints=[DRAIN],
+                cordoned=True,
+                labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+                prior=PriorState(label=True),
+            ),
+            [nm()],
             [],
             False,
             {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
             id="prior-label-kept",
+        ),
+        pytest.param(
+            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
+            [],
+            False,
+            {},
+            id="prior-state-on-a-cr-is-not-trusted",
+        ),
+        pytest.param(
+            node(labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            [nm()],
+            [],
+            False,
+            {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+            id="admin-exclude-label-without-sign-of-maintenance-kept",
+        ),
+        pytest.param(
+            node(cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            [],
+            [],
+            True,
+            {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+            id="admin-cordon-and-exclude-label-left-alone",
         ),
         pytest.param(
             node(taints=[UNSCHED], cordoned=True),
@@ -138,12 +175,20 @@ def kinds(p: Plan) -> list[StepKind]:
             id="admin-cordon-without-maintenance-left-alone",
         ),
         pytest.param(
-            node(labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
+            node(taints=[DRAIN], labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
             [],
             [],
             False,
             {"team": "a"},
-            id="guide-label-only",
+            id="guide-label-with-the-drain-taint",
+        ),
+        pytest.param(
+            node(labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
+            [],
+            [],
+            False,
+            {c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"},
+            id="guide-label-alone-is-an-admins",
         ),
     ],
 )
@@ -157,12 +202,13 @@ def test_node_after_cleanup(
     p = plan(before, crs)
     after = apply(before, p.node_patch)
     assert after["spec"]["taints"] == after_taints
+    assert c.PRIOR_STATE_ANNOTATION not in (after["metadata"].get("annotations") or {})
     assert after["spec"]["unschedulable"] is after_cordon
     assert after["metadata"]["labels"] == after_labels
 
 
 def test_both_label_keys_are_separate_steps() -> None:
-    p = plan(node(labels=BOTH_LABELS))
+    p = plan(node(taints=[DRAIN], labels=BOTH_LABELS))
     removed = {s.what for s in p.steps if s.kind is StepKind.REMOVE_LABEL}
     assert removed == {
         f"remove label {c.EXCLUDE_FROM_REMEDIATION_LABEL}",
@@ -178,9 +224,16 @@ def test_node_patch_is_guarded_by_resource_version() -> None:
 
 def test_prior_cordon_is_explained() -> None:
     prior = PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,))
-    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True), [nm(prior=prior)])
+    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True, prior=prior), [nm()])
     assert StepKind.UNCORDON not in kinds(p)
-    assert any("cordoned before the maintenance" in k for k in p.kept)
+    assert any("cordoned before the maintenance (recorded on node/n1 by nmo)" in k for k in p.kept)
+    assert StepKind.REMOVE_RECORD in kinds(p)
+
+
+def test_an_admins_exclude_label_is_kept_and_explained() -> None:
+    p = plan(node(labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}), [nm()])
+    assert StepKind.REMOVE_LABEL not in kinds(p)
+    assert any("shows no sign that a maintenance set it" in k for k in p.kept)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,12 @@ concurrency (:func:`execute`). It guarantees:
   its holder is ``node-maintenance``, and the ``foregroundDeleteNodeMaintenance``
   finalizer; every other taint, label, lease and finalizer is kept and
   reported;
-* a recorded prior state (B7) wins: a node cordoned before the maintenance
-  stays cordoned, a taint or label that existed before stays;
+* a recorded prior state (B7, on the node, written by nmo) wins: a node
+  cordoned before the maintenance stays cordoned, a taint or label that
+  existed before stays; the record is removed with the marks;
+* the exclude-from-remediation label goes only with a sign that a
+  maintenance set it (nmo's record, the drain taint, or the node lease held
+  by ``node-maintenance``): otherwise it is an admin's, and stays;
 * a cordon with no sign of maintenance is an admin's, and is left alone;
 * a second run finds nothing to do.
 
@@ -34,7 +38,7 @@ from typing import Any
 from nmo.api import constants as c
 from nmo.core.errors import NotFound
 from nmo.core.kube import Kube, api_path, nm_path, node_path
-from nmo.core.maintenance.node import PriorState, restore
+from nmo.core.maintenance.node import recorded_prior, restore
 
 Obj = dict[str, Any]
 
@@ -48,6 +52,7 @@ class StepKind(enum.StrEnum):
     UNCORDON = "uncordon"
     REMOVE_TAINT = "remove-taint"
     REMOVE_LABEL = "remove-label"
+    REMOVE_RECORD = "remove-record"
     RELEASE_LEASE = "release-lease"
     REMOVE_FINALIZER = "remove-finalizer"
     DELETE_MAINTENANCE = "delete-nodemaintenance"
@@ -138,21 +143,6 @@ async def watch_leader(
     return None
 
 
-def prior_from(maintenances: list[Obj]) -> tuple[PriorState | None, str]:
-    """The prior state recorded by the oldest CR that has one, and that CR's name."""
-    ordered = sorted(
-        maintenances, key=lambda m: str((m.get("metadata") or {}).get("creationTimestamp") or "")
-    )
-    for nm in ordered:
-        meta = nm.get("metadata") or {}
-        prior = PriorState.from_annotation(
-            (meta.get("annotations") or {}).get(c.PRIOR_STATE_ANNOTATION)
-        )
-        if prior is not None:
-            return prior, str(meta.get("name", ""))
-    return None, ""
-
-
 @dataclass
 class _Draft:
     steps: list[Step] = field(default_factory=list)
@@ -165,21 +155,37 @@ def _node_changes(
 ) -> list[Obj] | None:
     labels = (node.get("metadata") or {}).get("labels") or {}
     taints: list[Obj] = list((node.get("spec") or {}).get("taints") or [])
-    prior, prior_cr = prior_from(maintenances)
+    prior = recorded_prior(node)  # on the node: only a Node writer can have set it
+    drain_taint = any(
+        t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints
+    )
     evidence = (
-        any(t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints)
-        or any(k in labels for k in LABEL_KEYS)
+        drain_taint
         or bool(maintenances)
         or our_lease
+        or prior is not None
     )
+    # The exclude label stops remediation of the node: an admin may have set
+    # it on purpose. It goes only with a sign that a maintenance set it: nmo's
+    # record (which says whether it was there before), the drain taint that
+    # is set with it, or the node lease held by node-maintenance.
+    label_is_ours = prior is not None or drain_taint or our_lease
+    target = f"node/{node['metadata']['name']}"
     plan = restore(
         node,
         prior,
-        labels=LABEL_KEYS,
+        labels=LABEL_KEYS if label_is_ours else (),
         cordon_is_ours=evidence,
-        recorded=f"recorded on nodemaintenance/{prior_cr}",
+        recorded=f"recorded on {target} by nmo",
+        forget=True,
     )
-    target = f"node/{node['metadata']['name']}"
+    if not label_is_ours:
+        draft.kept.extend(
+            f"{target}: label {key} shows no sign that a maintenance set it; left alone "
+            f"(kubectl label node {node['metadata']['name']} {key}- if you mean it)"
+            for key in LABEL_KEYS
+            if key in labels
+        )
     draft.steps.extend(Step(StepKind(kind), target, what) for kind, what in plan.removed)
     draft.kept.extend(plan.kept)
     return plan.ops
@@ -341,6 +347,4 @@ async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
 
 def same_or_smaller(new: Plan, confirmed: Plan) -> bool:
     """Whether a re-computed plan only does what the user already confirmed."""
-    return set(new.steps) <= set(confirmed.steps) and set(new.deletions) <= set(
-        confirmed.deletions
-    )
+    return set(new.steps) <= set(confirmed.steps) and set(new.deletions) <= set(confirmed.deletions)
