@@ -159,12 +159,7 @@ def _node_changes(
     drain_taint = any(
         t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints
     )
-    evidence = (
-        drain_taint
-        or bool(maintenances)
-        or our_lease
-        or prior is not None
-    )
+    evidence = drain_taint or bool(maintenances) or our_lease or prior is not None
     # The exclude label stops remediation of the node: an admin may have set
     # it on purpose. It goes only with a sign that a maintenance set it: nmo's
     # record (which says whether it was there before), the drain taint that
