@@ -25,6 +25,24 @@ troubleshooting guide's commands work whatever the release is called.
 {{- printf "%s-webhook-server-cert" (include "nmo.fullname" .) -}}
 {{- end -}}
 
+{{- define "nmo.metricsServiceName" -}}
+{{- printf "%s-controller-manager-metrics-service" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.metricsCertSecretName" -}}
+{{- printf "%s-metrics-server-cert" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- /* cert-manager issues a metrics certificate that Prometheus verifies:
+the ServiceMonitor is on, verification is not switched off, and the chart
+manages certificates with cert-manager (not the out-of-cluster webhook). */ -}}
+{{- define "nmo.metricsCert" -}}
+{{- $sm := .Values.metrics.serviceMonitor -}}
+{{- if and .Values.deployment.enabled $sm.enabled (not $sm.tls.insecureSkipVerify) .Values.webhook.certManager.enabled (not (include "nmo.webhookExternal" .)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "nmo.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: node-maintenance-operator

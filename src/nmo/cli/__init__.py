@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--cert-dir", default=c.DEFAULT_CERT_DIR)
     srv.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        help="serve /metrics with tls.crt/tls.key from this dir (reloaded when renewed) "
+        "instead of a self-signed certificate, so scrapers can verify it",
+    )
+    srv.add_argument(
         "--webhook-client-ca",
         default=None,
         help="require webhook callers to present a client certificate signed by this CA "
@@ -278,6 +284,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         cert_dir=Path(args.cert_dir),
         webhook_client_ca=Path(args.webhook_client_ca) if args.webhook_client_ca else None,
         metrics_secure=args.metrics_secure,
+        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
         require_webhook_for_ready=args.require_webhook_for_readiness,
     )
     return Settings(
