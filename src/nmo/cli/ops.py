@@ -253,7 +253,13 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
             out.print(f"Nothing to do: {escape(str(node))} carries no maintenance left by nmo.")
         return missing
     leader = None
-    if not args.force:
+    holder = str(((seen.leader or {}).get("spec") or {}).get("holderIdentity") or "")
+    if holder and not args.force:
+        err.print(
+            f"checking whether the nmo leader {escape(repr(holder))} still renews its lease "
+            f"(up to {cl.LEADER_WINDOW:g}s)",
+            soft_wrap=True,
+        )
         leader = await cl.watch_leader(kube, args.operator_namespace, seen.leader)
     if leader:
         err.print(
