@@ -607,7 +607,8 @@ async def test_status_json_for_a_succeeded_maintenance(
 ) -> None:
     (target,) = await node_factory(1)
     name = f"status-{uid()}"
-    await api.create_nm(name, target)
+    reason = "[/] [link=https://evil.example/]see[/link]"  # a CR author's text, not markup
+    await api.create_nm(name, target, reason=reason)
     kc = str(sandbox.kubeconfig)
     try:
         await wait_phase(api, name, "Succeeded")
@@ -632,7 +633,9 @@ async def test_status_json_for_a_succeeded_maintenance(
         assert json.loads(by_node.stdout)["items"][0]["name"] == name
 
         text = await nmo("status", name, "--kubeconfig", kc)
-        assert text.returncode == 0 and "Succeeded" in text.stdout and "100%" in text.stdout
+        assert text.returncode == 0, text.stderr
+        assert "Succeeded" in text.stdout and "100%" in text.stdout
+        assert reason in text.stdout
 
         missing = await nmo("status", f"missing-{uid()}", "--kubeconfig", kc)
         assert missing.returncode == 1 and "not found" in missing.stderr
