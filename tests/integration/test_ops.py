@@ -488,6 +488,36 @@ async def test_cleanup_after_the_operator_died(
         await CURRENT[-1].start()
 
 
+async def test_cleanup_keeps_an_admins_exclude_label(
+    operator: Operator, sandbox: Sandbox, api: Api, node_factory: Any
+) -> None:
+    """A label with no sign that a maintenance set it (no record, no drain taint,
+    no lease of ours) is an admin's decision to keep remediation away."""
+    (target,) = await node_factory(1)
+    CURRENT[-1].kill()
+    name = f"stuck-{uid()}"
+    try:
+        await api.merge(f"/api/v1/nodes/{target}", {"metadata": {"labels": {LABEL: "true"}}})
+        await api.create(
+            NM,
+            {
+                "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+                "kind": "NodeMaintenance",
+                "metadata": {"name": name, "finalizers": [FINALIZER]},
+                "spec": {"nodeName": target},
+            },
+        )
+        kc = str(sandbox.kubeconfig)
+        result = await nmo("cleanup", target, "--yes", "--force", "--kubeconfig", kc)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"label {LABEL} shows no sign that a maintenance set it" in result.stdout
+        assert (await api.node(target))["metadata"]["labels"].get(LABEL) == "true"
+    finally:
+        await api.merge(f"/api/v1/nodes/{target}", {"metadata": {"labels": {LABEL: None}}})
+        await remove_nm(api, name)
+        await CURRENT[-1].start()
+
+
 async def test_cleanup_never_deletes_a_cr_recreated_under_the_same_name(
     operator: Operator, sandbox: Sandbox, api: Api, node_factory: Any
 ) -> None:
