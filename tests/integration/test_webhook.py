@@ -36,8 +36,11 @@ from nmo.core.watch import Informer
 from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
 from nmo.webhooks.servers import Servers, ServerSettings
+from nmo.webhooks.validators import validate_create
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conftest import NodeFactory
 
 pytestmark = pytest.mark.integration
@@ -284,6 +287,38 @@ async def test_fifty_concurrent_creates_admit_exactly_one(
             await kube.delete(f"{NM}/{name}")
 
 
+async def test_a_failed_node_lookup_reads_as_the_go_nmo_with_the_api_error(
+    sandbox: Sandbox, namespace: str, node_factory: NodeFactory, tmp_path: Path
+) -> None:
+    """The Go NMO wraps the client's error twice: ``could not get node for
+    validating spec.NodeName, please try again: could not get node: <err>``,
+    ``<err>`` being the API server's Status message. A ServiceAccount that may
+    not read Nodes gets exactly that from the real API server."""
+    (node,) = await node_factory(1)
+    kubeconfig = await sandbox.service_account_kubeconfig(
+        namespace, "default", tmp_path / "sa.kubeconfig"
+    )
+    client = await Kube.connect(kubeconfig=str(kubeconfig))
+    try:
+        # The caches never sync without RBAC: the node is looked up with a GET.
+        lookups = build_lookups(
+            client,
+            nodes=Informer(client, NODES_PATH, name="nodes"),
+            maintenances=Informer(client, MAINTENANCES_PATH, name="nodemaintenances"),
+        )
+        decision = await validate_create(nm(unique("nm"), node), lookups, claimant="test")
+    finally:
+        await client.close()
+    user = f"system:serviceaccount:{namespace}:default"
+    assert not decision.allowed
+    assert decision.result == "error"
+    assert decision.message == (
+        "could not get node for validating spec.NodeName, please try again: "
+        f'could not get node: nodes "{node}" is forbidden: User "{user}" '
+        'cannot get resource "nodes" in API group "" at the cluster scope'
+    )
+
+
 # -- OpenShift etcd quorum ----------------------------------------------------------
 
 PDBS = f"/apis/policy/v1/namespaces/{ETCD_NAMESPACE}/poddisruptionbudgets"
@@ -360,6 +395,17 @@ async def disruptions(kube: httpx.AsyncClient, *, healthy: int, allowed: int) ->
     await until(computed, what=f"the PDB to show {healthy} healthy, {allowed} allowed")
 
 
+async def set_guard_conditions(kube: httpx.AsyncClient, node: str, conditions: list[Json]) -> None:
+    """Replace the guard pod's conditions (a merge patch replaces the whole list)."""
+    resp = await kube.patch(
+        f"{PODS}/guard-{node}/status",
+        json={"status": {"conditions": conditions}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["status"]["conditions"] == conditions
+
+
 async def admitted(kube: httpx.AsyncClient, node: str) -> str:
     """Create a CR for the node: "" when admitted (then deleted), else the refusal."""
     name = unique("q")
@@ -415,6 +461,14 @@ async def test_openshift_quorum_matrix(
         await disruptions(kube, healthy=2, allowed=0)
         assert await admitted(kube, a) == ""  # its guard is not Ready
         assert await admitted(kube, b) == refused[b]  # guard Ready, 0 allowed
+
+        # medik8s/common reads a guard pod without any Ready condition as not
+        # Ready (allowed), and a Ready condition Unknown as Ready (refused).
+        await set_guard_conditions(kube, a, [{"type": "PodScheduled", "status": "True"}])
+        assert await admitted(kube, a) == ""
+        await set_guard_conditions(kube, a, [{"type": "Ready", "status": "Unknown"}])
+        assert await admitted(kube, a) == refused[a]
+        await set_guard_conditions(kube, a, [{"type": "Ready", "status": "False"}])
         assert await admitted(kube, unguarded) == ""  # no guard pod on the node
         assert await admitted(kube, worker) == ""  # not a control-plane node
 
