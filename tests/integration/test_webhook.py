@@ -403,7 +403,8 @@ async def set_guard_conditions(kube: httpx.AsyncClient, node: str, conditions: l
         headers={"Content-Type": "application/merge-patch+json"},
     )
     assert resp.status_code == 200, resp.text
-    assert resp.json()["status"]["conditions"] == conditions
+    stored = [(c["type"], c["status"]) for c in resp.json()["status"]["conditions"]]
+    assert stored == [(c["type"], c["status"]) for c in conditions]
 
 
 async def admitted(kube: httpx.AsyncClient, node: str) -> str:
