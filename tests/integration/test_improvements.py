@@ -65,7 +65,10 @@ async def remove_all(api: Api, names: list[str]) -> None:
 # -- B1: concurrency without blocking -------------------------------------------------
 
 FLEET = 50
-FLEET_BOUND = 60.0  # seconds for the 49 unblocked maintenances to succeed
+GRACE = 3  # seconds each evicted pod stays Terminating (kwok honours the grace period)
+# Seconds for the 49 unblocked maintenances to succeed: below the Go NMO's
+# least possible time, 49 x GRACE + 30 = 177 s, with room for a loaded machine.
+FLEET_BOUND = 150.0
 
 
 async def test_fifty_at_once_one_pdb_blocked_the_others_finish(
@@ -73,11 +76,11 @@ async def test_fifty_at_once_one_pdb_blocked_the_others_finish(
 ) -> None:
     """50 CRs created together, one pod each; one pod is held by a PDB.
 
-    The Go NMO reconciles one CR at a time. Each drain pass waits for its
-    evicted pod to be deleted (kubectl's helper polls once a second, and a
-    pod takes its 1 s grace period), and the blocked CR's pass holds the
-    worker for the drain timeout of 30 s. The 49 others then need at least
-    49 x 1 s + 30 s = 79 s, more than the bound here; nmo drains them
+    The Go NMO reconciles one CR at a time (one controller-runtime worker).
+    Each drain pass waits until its evicted pod is gone, which takes the
+    pod's 3 s grace period, and the blocked CR's pass holds the worker for
+    the drain timeout of 30 s. The 49 others then need at least
+    49 x 3 s + 30 s = 177 s, more than the bound here; nmo drains them
     concurrently while the blocked one waits.
     """
     nodes = await node_factory(FLEET)
@@ -85,7 +88,7 @@ async def test_fifty_at_once_one_pdb_blocked_the_others_finish(
     pods = [f"p{i}" for i in range(FLEET)]
     await asyncio.gather(
         *(
-            bare_pod(api, ns, p, node, labels={"app": p})
+            bare_pod(api, ns, p, node, labels={"app": p}, grace=GRACE)
             for p, node in zip(pods, nodes, strict=True)
         )
     )
@@ -107,7 +110,9 @@ async def test_fifty_at_once_one_pdb_blocked_the_others_finish(
         async def others_done() -> bool:
             return all(p == "Succeeded" for p in await phases(api, names[1:]))
 
-        await wait_for(others_done, timeout=FLEET_BOUND, what="49 unblocked maintenances")
+        await wait_for(
+            others_done, timeout=FLEET_BOUND, interval=1.0, what="49 unblocked maintenances"
+        )
         elapsed = time.monotonic() - started
         blocked = await api.nm(names[0])
         assert blocked is not None
