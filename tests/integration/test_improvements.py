@@ -16,7 +16,6 @@ import ssl
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,16 +25,12 @@ import httpx
 import pytest
 from objects import NM, Api, pdb, uid
 from operator_fixtures import Operator, wait_for
+from webhook_replica import WebhookReplica
 from workloads import bare_pod, running
 
-from nmo.api.constants import GROUP, PLURAL, WEBHOOK_NAME, WEBHOOK_PATH, Messages
-from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
-from nmo.core.watch import Informer
+from nmo.api.constants import GROUP, PLURAL, WEBHOOK_NAME, Messages
 from nmo.sandbox import Sandbox
 from nmo.sandbox.pki import ServingCert
-from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, build_lookups
-from nmo.webhooks.servers import Servers, ServerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -391,45 +386,6 @@ async def test_retry_after_above_the_cap_is_honoured_while_other_nodes_drain(
 REPLICA_LABEL = "example.com/webhook-replica"
 
 
-@dataclass
-class Replica:
-    """One nmo webhook replica: its own client, caches, claims and server."""
-
-    kube: Kube
-    servers: Servers
-    tasks: list[asyncio.Task[None]]
-
-    @classmethod
-    async def start(cls, sandbox: Sandbox, cert_dir: Path) -> Replica:
-        client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
-        nodes = Informer(client, NODES_PATH, name="nodes")
-        maintenances = Informer(client, MAINTENANCES_PATH, name="nodemaintenances")
-        lookups = build_lookups(client, nodes=nodes, maintenances=maintenances)
-        tasks = [asyncio.create_task(i.run(), name=i.name) for i in (nodes, maintenances)]
-        settings = ServerSettings(
-            bind_address="127.0.0.1",
-            webhook_port=0,
-            probes_port=None,
-            metrics_port=None,
-            cert_dir=cert_dir,
-            graceful_shutdown_seconds=1,
-        )
-        servers = Servers(settings, kube=client, lookups=lookups, metrics=Metrics())
-        await servers.start()
-        return cls(client, servers, tasks)
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.servers.ports['webhook']}{WEBHOOK_PATH}"
-
-    async def stop(self) -> None:
-        await self.servers.stop()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self.kube.close()
-
-
 def replica_config(name: str, replica: str, url: str, ca: bytes) -> dict[str, Any]:
     """nmo's webhook, sent only the CRs labelled for this replica (as a Service
     would spread creates over the replicas)."""
@@ -486,7 +442,7 @@ async def test_two_replicas_race_and_the_reconciler_keeps_the_older(
     """
     (target,) = await node_factory(1)
     cert = sandbox.issue_serving_cert(tmp_path, ["127.0.0.1"], name="apiserver")
-    replicas = [await Replica.start(sandbox, tmp_path) for _ in range(2)]
+    replicas = [await WebhookReplica.start(sandbox, tmp_path) for _ in range(2)]
     configs = [f"nmo-replica-{uid()}-{r}" for r in ("a", "b")]
     created: list[str] = []
     try:

@@ -13,12 +13,12 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from operator_fixtures import wait_for as until
+from webhook_replica import WebhookReplica
 
 from nmo.api.constants import (
     CONTROL_PLANE_ROLE_LABEL,
@@ -26,16 +26,13 @@ from nmo.api.constants import (
     ETCD_GUARD_PDB_OLD,
     ETCD_NAMESPACE,
     WEBHOOK_NAME,
-    WEBHOOK_PATH,
     Messages,
 )
 from nmo.api.crd import crd
 from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
 from nmo.core.watch import Informer
 from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
-from nmo.webhooks.servers import Servers, ServerSettings
 from nmo.webhooks.validators import validate_create
 
 if TYPE_CHECKING:
@@ -83,14 +80,7 @@ async def install_crd(kube: httpx.AsyncClient, body: Json) -> None:
     await until(established, what=f"CRD {name} to be established")
 
 
-@dataclass
-class Webhook:
-    servers: Servers
-    metrics: Metrics
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.servers.ports['webhook']}{WEBHOOK_PATH}"
+Webhook = WebhookReplica
 
 
 async def dry_run_missing_node(kube: httpx.AsyncClient) -> httpx.Response:
@@ -108,29 +98,10 @@ async def webhook(
         await install_crd(kube, crd())
         certs = tmp_path_factory.mktemp("webhook-certs")
         serving = sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="apiserver")
-        client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
-        nodes = Informer(client, NODES_PATH, name="nodes")
-        maintenances = Informer(client, MAINTENANCES_PATH, name="nodemaintenances")
         # openshift_ttl=0: the quorum test flips discovery on and off.
-        lookups = build_lookups(
-            client,
-            nodes=nodes,
-            maintenances=maintenances,
-            settings=LookupSettings(openshift_ttl=0.0),
+        hook = await WebhookReplica.start(
+            sandbox, certs, settings=LookupSettings(openshift_ttl=0.0)
         )
-        informers = [asyncio.create_task(i.run(), name=i.name) for i in (nodes, maintenances)]
-        metrics = Metrics()
-        settings = ServerSettings(
-            bind_address="127.0.0.1",
-            webhook_port=0,
-            probes_port=None,
-            metrics_port=None,
-            cert_dir=certs,
-            graceful_shutdown_seconds=1,
-        )
-        servers = Servers(settings, kube=client, lookups=lookups, metrics=metrics)
-        await servers.start()
-        hook = Webhook(servers, metrics)
         name = unique("nmo-test")
         await ensure(
             kube,
@@ -178,11 +149,7 @@ async def webhook(
 
             # A stale Fail-policy webhook would refuse every later test's CRs.
             await until(gone, what="the apiserver to stop calling the webhook")
-            await servers.stop()
-            for task in informers:
-                task.cancel()
-            await asyncio.gather(*informers, return_exceptions=True)
-            await client.close()
+            await hook.stop()
 
 
 async def kubectl_create(sandbox: Sandbox, obj: Json) -> tuple[int, str]:
