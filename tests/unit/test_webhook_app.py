@@ -116,7 +116,8 @@ async def test_malformed_review_with_uid_gets_an_errored_review() -> None:
             review(),
             FakeLookups(failing={"node"}),
             False,
-            "could not get node for validating spec.NodeName, please try again: node exploded",
+            "could not get node for validating spec.NodeName, please try again: "
+            "could not get node: node exploded",
             "error",
             id="create lookup failure",
         ),

@@ -13,7 +13,10 @@ Guarantees:
   refused without a lookup), no NodeMaintenance for the node (one being
   deleted counts), then the OpenShift etcd quorum check for control-plane
   nodes; the first failing rule decides the message.
-* A lookup failure always denies, with a ``..., please try again: <err>`` text.
+* A lookup failure always denies, with a ``..., please try again: <err>`` text;
+  the node, NodeMaintenance and quorum-node lookups read exactly as NMO's
+  (``could not get node for validating spec.NodeName, please try again:
+  could not get node: <err>``).
 * The duplicate check claims the node through :meth:`Lookups.claim_node`; a
   claim is released again whenever this function ends up denying, so a denied
   create never blocks a later one.
@@ -45,6 +48,8 @@ Obj = Mapping[str, Any]
 GET_NODE_FAILED = "could not get node for validating spec.NodeName"
 LIST_MAINTENANCES_FAILED = "could not list NodeMaintenances for validating spec.NodeName"
 QUORUM_GET_NODE_FAILED = "could not get node for master/control-plane quorum validation"
+# NMO's node GET wraps the client error once more before either text above.
+GET_NODE_ERROR = "could not get node: {err}"
 # NMO returns the raw client error in these two cases; nmo keeps the
 # "please try again" shape so every lookup failure reads the same.
 QUORUM_DISCOVERY_FAILED = "could not check for OpenShift for master/control-plane quorum validation"
@@ -165,11 +170,17 @@ def _disruptions_allowed(pdb: Obj) -> int:
         return 0
 
 
-def _ready_status(pod: Obj) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return str(cond.get("status"))
-    return None
+def guard_ready(pod: Obj) -> bool:
+    """medik8s/common's reading of a guard pod: Ready when any ``Ready``
+    condition is ``True`` or ``Unknown`` (a pod about to become Ready is not
+    disrupted yet); ``False``, or no Ready condition at all, is not Ready."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(cond, Mapping)
+        and cond.get("type") == "Ready"
+        and cond.get("status") in ("True", "Unknown")
+        for cond in conditions
+    )
 
 
 def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name: str) -> bool:
@@ -177,8 +188,9 @@ def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name:
 
     No PDB in ``openshift-etcd``, or more than one: the quorum cannot be
     assessed, refuse. ``status.disruptionsAllowed >= 1``: allowed. Otherwise
-    the node may only go when it is already disrupted: its guard pod (matched
-    by the PDB selector) is explicitly not Ready, or it has no guard pod.
+    the node may only go when it is already disrupted: its guard pod (the
+    first pod on the node matched by the PDB selector) is not Ready
+    (:func:`guard_ready`), or it has no guard pod.
     """
     if len(pdbs) != 1:
         return False
@@ -192,7 +204,7 @@ def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name:
             continue
         if not selector_matches(selector, labels):
             continue
-        return _ready_status(pod) == "False"
+        return not guard_ready(pod)
     return True
 
 
@@ -201,7 +213,7 @@ async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
-        return Decision.failed(QUORUM_GET_NODE_FAILED, exc)
+        return Decision.failed(QUORUM_GET_NODE_FAILED, GET_NODE_ERROR.format(err=exc))
     if node is None:
         return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
     # Consulted only for control-plane nodes so that a discovery outage
@@ -255,7 +267,7 @@ async def validate_create(
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
-        return Decision.failed(GET_NODE_FAILED, exc)
+        return Decision.failed(GET_NODE_FAILED, GET_NODE_ERROR.format(err=exc))
     if node is None:
         return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
     try:
