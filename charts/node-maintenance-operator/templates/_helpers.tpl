@@ -98,3 +98,40 @@ podAntiAffinity:
 {{- end -}}
 {{- $total -}}
 {{- end -}}
+
+{{/*
+Whether the webhook carries matchConditions (admissionregistration.k8s.io/v1:
+beta and on by default in Kubernetes 1.28, GA in 1.30). auto: by the
+server's version (helm template: --kube-version, or set true/false).
+*/}}
+{{- define "nmo.matchConditions" -}}
+{{- $mode := toString .Values.webhook.matchConditions -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end -}}
+{{- end -}}
+
+{{/* The webhook's clientConfig; (dict "ctx" $ "caBundle" <base64 PEM or "">). */}}
+{{- define "nmo.webhookClientConfig" -}}
+{{- $ := .ctx -}}
+clientConfig:
+  {{- if include "nmo.webhookExternal" $ }}
+  url: {{ $.Values.webhook.url | quote }}
+  {{- else }}
+  service:
+    name: {{ include "nmo.webhookServiceName" $ }}
+    namespace: {{ $.Release.Namespace }}
+    path: /validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance
+    port: 443
+  {{- end }}
+  {{- if .caBundle }}
+  caBundle: {{ .caBundle }}
+  {{- end }}
+{{- end -}}
+
+{{/* The webhook's rules for a list of operations. */}}
+{{- define "nmo.webhookRules" -}}
+- apiGroups: ["nodemaintenance.medik8s.io"]
+  apiVersions: ["v1beta1"]
+  operations: {{ toJson . }}
+  resources: ["nodemaintenances"]
+  scope: "*"
+{{- end -}}
