@@ -36,6 +36,7 @@ from objects import NM, Api, pod_spec
 from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
+from nmo.core.budget import LEDGER_NAME
 from nmo.sandbox import Sandbox
 from nmo.sandbox.process import run_command
 
@@ -233,7 +234,10 @@ async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release
         ("patch", "nodemaintenances.nodemaintenance.medik8s.io", "--subresource=status"),
         ("create", "leases.coordination.k8s.io", "-n", LEASE_NS),
         ("delete", "leases.coordination.k8s.io", "-n", LEASE_NS),
-        ("update", "leases.coordination.k8s.io", "-n", NS),
+        ("get", f"leases.coordination.k8s.io/{c.LEADER_ELECTION_ID}", "-n", NS),
+        ("update", f"leases.coordination.k8s.io/{c.LEADER_ELECTION_ID}", "-n", NS),
+        ("update", f"leases.coordination.k8s.io/{LEDGER_NAME}", "-n", NS),
+        ("create", "leases.coordination.k8s.io", "-n", NS),
         ("create", "events", "-n", "default"),
         ("create", "tokenreviews.authentication.k8s.io"),
         ("create", "subjectaccessreviews.authorization.k8s.io"),
@@ -250,6 +254,13 @@ async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release
         ("update", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
         ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
         ("delete", "leases.coordination.k8s.io", "-n", NS),
+        # The leader-election Role names its two Leases (issue 14 item 10).
+        ("update", "leases.coordination.k8s.io", "-n", NS),
+        ("update", "leases.coordination.k8s.io/someone-elses-lock", "-n", NS),
+        ("get", "leases.coordination.k8s.io/someone-elses-lock", "-n", NS),
+        ("list", "leases.coordination.k8s.io", "-n", NS),
+        # The chart creates the lease namespace (leases.createNamespace).
+        ("create", "namespaces"),
         ("create", "events", "-n", "kube-system"),
         ("create", "nodemaintenances.nodemaintenance.medik8s.io"),
         ("update", "daemonsets.apps", "-n", "kube-system"),

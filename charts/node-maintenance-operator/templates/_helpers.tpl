@@ -135,3 +135,17 @@ clientConfig:
   resources: ["nodemaintenances"]
   scope: "*"
 {{- end -}}
+
+{{/* nmo's leader election Lease (nmo.api.constants.LEADER_ELECTION_ID, the Go NMO's). */}}
+{{- define "nmo.leaderElectionID" -}}
+135b1886.medik8s.io
+{{- end -}}
+
+{{/*
+Whether nmo itself may create the lease namespace (ClusterRole namespaces
+create): only when the chart does not (leases.createNamespace=false) and it
+is not the release namespace.
+*/}}
+{{- define "nmo.operatorCreatesLeaseNamespace" -}}
+{{- if and (not .Values.leases.createNamespace) (ne .Values.leases.namespace .Release.Namespace) }}true{{ end -}}
+{{- end -}}
