@@ -149,3 +149,46 @@ is not the release namespace.
 {{- define "nmo.operatorCreatesLeaseNamespace" -}}
 {{- if and (not .Values.leases.createNamespace) (ne .Values.leases.namespace .Release.Namespace) }}true{{ end -}}
 {{- end -}}
+
+{{/*
+The kube-apiserver for the NetworkPolicy, as JSON {source, from, to, ports}:
+from: CIDRs its webhook calls come from; to: CIDRs nmo connects to; ports:
+the ports nmo connects to. source: "values" (networkPolicy.apiServer.cidrs),
+"lookup" (EndpointSlice and Service default/kubernetes, read at install or
+upgrade: the apiserver publishes its own addresses there) or "" (offline
+rendering: nothing known, from/to empty).
+*/}}
+{{- define "nmo.apiServerAddresses" -}}
+{{- $conf := .Values.networkPolicy.apiServer -}}
+{{- $from := list -}}{{- $to := list -}}{{- $ports := list -}}{{- $source := "" -}}
+{{- if $conf.cidrs -}}
+{{- $from = $conf.cidrs -}}{{- $to = $conf.cidrs -}}{{- $source = "values" -}}
+{{- else -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- range ($slice.endpoints | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $from = append $from (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $from -}}
+{{- $source = "lookup" -}}
+{{- $to = $from -}}
+{{- range ($slice.ports | default list) -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- $svc := lookup "v1" "Service" "default" "kubernetes" | default dict -}}
+{{- range (dig "spec" "clusterIPs" list $svc) -}}
+{{- $to = append $to (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- range (dig "spec" "ports" list $svc) -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $conf.ports -}}
+{{- $ports = $conf.ports -}}
+{{- else if not $ports -}}
+{{- $ports = list 443 6443 -}}
+{{- end -}}
+{{- dict "source" $source "from" (uniq $from) "to" (uniq $to) "ports" (uniq $ports) | toJson -}}
+{{- end -}}
