@@ -6,8 +6,12 @@
   ``deployment.enabled=false``), then ``nmo run`` as a subprocess holding a
   token of the chart's ServiceAccount performs a whole maintenance, admitted
   through the chart's webhook configuration, with no 403 in its log; the same
-  account is refused what nmo never does; ``helm upgrade`` and
+  account is refused what nmo never does, by RBAC and, on Nodes, by the
+  chart's ValidatingAdmissionPolicy (``nodePolicy``); ``helm upgrade`` and
   ``helm uninstall`` (which keeps only the CRD).
+* The webhook shape for Kubernetes before 1.28 (no matchConditions, UPDATE a
+  webhook of its own) on the real apiserver: finalizers come off while nmo
+  is down, and nmo still refuses a changed nodeName while it is up.
 
 This module must be the only nmo reconciling while it runs: the session's
 ``operator`` (see operator_fixtures.py) is stopped around the maintenance
@@ -36,7 +40,9 @@ from objects import NM, Api, pod_spec
 from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
+from nmo.api.constants import Messages
 from nmo.core.budget import LEDGER_NAME
+from nmo.core.maintenance import node as nodeplan
 from nmo.sandbox import Sandbox
 from nmo.sandbox.process import run_command
 
@@ -56,6 +62,12 @@ LEASE_NS = c.LEASE_NAMESPACE_DEFAULT
 VWC = "node-maintenance-operator-validating-webhook-configuration"
 VWC_PATH = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{VWC}"
 SCRAPER = "metrics-scraper"
+UPDATE_WEBHOOK = "vnodemaintenance-update.kb.io"
+NODE_POLICY = "node-maintenance-operator-node-changes"
+# The admin client acting as nmo's ServiceAccount (RBAC and admission see that user).
+AS_NMO = {"Impersonate-User": f"system:serviceaccount:{NS}:{SA}"}
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 URL_MODE = [
     "--set",
@@ -76,7 +88,11 @@ EVERYTHING_ON = [
     "--set",
     "prometheusRule.enabled=true",
     "--set",
-    "networkPolicy.enabled=true",
+    "networkPolicy.apiServer.cidrs={10.0.0.10/32}",
+    "--set",
+    "networkPolicy.probesFrom={10.0.0.0/16}",
+    "--set",
+    "nodePolicy.enabled=true",
     "--set",
     "openshift.etcdQuorumGuard=true",
     "--set",
@@ -140,6 +156,34 @@ async def service_account_token(kube: httpx.AsyncClient, namespace: str, name: s
     return str(resp.json()["status"]["token"])
 
 
+async def patch_node_as_nmo(
+    kube: httpx.AsyncClient, node: str, ops: list[dict[str, Any]], *, dry_run: bool = False
+) -> httpx.Response:
+    """A JSON patch of a Node sent as nmo's ServiceAccount."""
+    return await kube.patch(
+        f"/api/v1/nodes/{node}",
+        json=ops,
+        headers={**AS_NMO, **JSON_PATCH},
+        params={"dryRun": "All"} if dry_run else None,
+    )
+
+
+def refused_by_node_policy(resp: httpx.Response) -> bool:
+    return resp.status_code == 403 and f"ValidatingAdmissionPolicy '{NODE_POLICY}'" in resp.text
+
+
+async def node_policy_in_force(kube: httpx.AsyncClient, expected: bool) -> None:
+    """Wait until the apiserver applies (or no longer applies) the chart's node policy."""
+    foreign = [{"op": "add", "path": "/metadata/labels/nmo-policy-probe", "value": "x"}]
+
+    async def settled() -> bool:
+        resp = await patch_node_as_nmo(kube, "node-1", foreign, dry_run=True)
+        assert resp.status_code in (200, 403), resp.text
+        return refused_by_node_policy(resp) is expected
+
+    await wait_for(settled, timeout=30, what=f"the node policy in force: {expected}")
+
+
 class ChartOperator(Operator):
     """``nmo run`` as the chart's ServiceAccount, serving the webhook like a replica would."""
 
@@ -198,6 +242,7 @@ async def release(
         "--set", "webhook.caBundle=" + base64.b64encode(serving.ca_bundle).decode(),
         "--set", f"metrics.readers[0].name={SCRAPER}",
         "--set", f"metrics.readers[0].namespace={NS}",
+        "--set", "nodePolicy.enabled=true",
     ]  # fmt: skip
     lease_ns = await sandbox.kubectl("get", "namespace", LEASE_NS, "--ignore-not-found", "-o=name")
     result = await helm(
@@ -205,6 +250,8 @@ async def release(
     )
     assert result.returncode == 0, describe(result)
     try:
+        async with sandbox.client() as kube:
+            await node_policy_in_force(kube, True)
         yield Release(port, cert_dir, not lease_ns.stdout.strip())
     finally:
         if (await helm("status", RELEASE, "-n", NS)).returncode == 0:
@@ -466,6 +513,218 @@ async def test_with_nmo_down_creates_fail_closed_but_finalizers_can_be_removed(
     await wait_for(gone, timeout=30, what="the stuck CR to go away once its finalizer is removed")
 
 
+async def test_node_policy_lets_nmo_change_only_its_marks(
+    kube: httpx.AsyncClient, helm: Helm, release: Release, node_factory: NodeFactory
+) -> None:
+    """The ValidatingAdmissionPolicy (nodePolicy) on the real apiserver, as nmo's account.
+
+    nmo's own enter and leave patches (nmo.core.maintenance.node) pass; every
+    other change of the Node by that account is refused, though RBAC alone
+    allows it (shown with the policy off); the admin is never limited.
+    """
+    api = Api(kube)
+    (node,) = await node_factory(1)
+    # An admin's marks, which nmo must leave alone.
+    await api.merge(
+        f"/api/v1/nodes/{node}",
+        {
+            "metadata": {"labels": {"team": "infra"}, "annotations": {"owner": "ops"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+        },
+    )
+    before = await api.node(node)
+    taints = before["spec"]["taints"]
+    exclude = c.EXCLUDE_FROM_REMEDIATION_LABEL.replace("/", "~1")
+    forbidden: dict[str, list[dict[str, Any]]] = {
+        "another label": [{"op": "add", "path": "/metadata/labels/pwned", "value": "yes"}],
+        "an admin's label removed": [{"op": "remove", "path": "/metadata/labels/team"}],
+        "the exclude label set to false": [
+            {"op": "add", "path": f"/metadata/labels/{exclude}", "value": "false"}
+        ],
+        "an annotation": [{"op": "add", "path": "/metadata/annotations/pwned", "value": "x"}],
+        "another taint": [
+            {"op": "add", "path": "/spec/taints/-", "value": {"key": "x", "effect": "NoSchedule"}}
+        ],
+        "an admin's taint removed": [{"op": "replace", "path": "/spec/taints", "value": []}],
+        "a maintenance taint key with NoExecute": [
+            {
+                "op": "add",
+                "path": "/spec/taints/-",
+                "value": {"key": c.DRAIN_TAINT_KEY, "effect": "NoExecute"},
+            }
+        ],
+        "spec.providerID": [{"op": "add", "path": "/spec/providerID", "value": "kwok://x"}],
+        "a finalizer": [{"op": "add", "path": "/metadata/finalizers", "value": ["x.io/hold"]}],
+    }
+    answers = {what: await patch_node_as_nmo(kube, node, ops) for what, ops in forbidden.items()}
+    wrong = {
+        what: (resp.status_code, resp.text[:300])
+        for what, resp in answers.items()
+        if not refused_by_node_policy(resp)
+    }
+    assert not wrong, f"nmo's ServiceAccount may change Nodes beyond its marks: {wrong}"
+    assert "may change only the label" in answers["another label"].text
+    assert "only the taints" in answers["another taint"].text
+    after = await api.node(node)
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["spec"]["taints"] == taints
+
+    # nmo's real patches: into maintenance and out of it, the admin's marks kept.
+    prior = nodeplan.prior_state(after)
+    entered = await patch_node_as_nmo(kube, node, nodeplan.enter_patch(after) or [])
+    assert entered.status_code == 200, entered.text
+    inside = entered.json()
+    assert nodeplan.in_maintenance(inside)
+    left = await patch_node_as_nmo(kube, node, nodeplan.leave_patch(inside, prior) or [])
+    assert left.status_code == 200, left.text
+    restored = left.json()
+    assert restored["spec"]["taints"] == taints
+    assert restored["metadata"]["labels"] == before["metadata"]["labels"]
+    assert not restored["spec"].get("unschedulable")
+
+    # The admin is not limited.
+    admin = await kube.patch(
+        f"/api/v1/nodes/{node}", json=forbidden["another label"], headers=JSON_PATCH
+    )
+    assert admin.status_code == 200, admin.text
+
+    # Without the policy, RBAC alone lets nmo's account do it: what the policy adds.
+    off = await helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+        "--set", "nodePolicy.enabled=false", "--wait",
+    )  # fmt: skip
+    assert off.returncode == 0, describe(off)
+    try:
+        await node_policy_in_force(kube, False)
+        unguarded = await patch_node_as_nmo(kube, node, forbidden["an annotation"])
+        assert unguarded.status_code == 200, unguarded.text
+    finally:
+        on = await helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            "--set", "nodePolicy.enabled=true", "--wait",
+        )  # fmt: skip
+        assert on.returncode == 0, describe(on)
+        await node_policy_in_force(kube, True)
+
+
+async def test_before_1_28_finalizers_come_off_while_nmo_is_down(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    helm: Helm,
+    release: Release,
+    sole_operator: None,
+    node_factory: NodeFactory,
+    tmp_path: Path,
+) -> None:
+    """The webhook shape the chart renders for Kubernetes 1.23-1.27, on the real apiserver.
+
+    No matchConditions: CREATE fails closed, UPDATE is a webhook of its own
+    with failurePolicy Ignore. With nmo up, every UPDATE reaches it: a
+    changed nodeName is refused, anything else admitted. With nmo down, the
+    guide's section 6 (remove the finalizer, the CR goes) still works, and
+    would not with failurePolicy Fail on UPDATE.
+    """
+    api = Api(kube)
+    (node,) = await node_factory(1)
+    name = f"nm-legacy-{uuid.uuid4().hex[:6]}"
+    path = f"{NM}/{name}"
+    body = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": name, "finalizers": [c.FINALIZER]},
+        "spec": {"nodeName": node},
+    }
+
+    async def upgrade(*values: str) -> None:
+        result = await helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", *values, "--wait"
+        )
+        assert result.returncode == 0, describe(result)
+
+    async def label(value: str) -> httpx.Response:
+        return await kube.patch(
+            path, json={"metadata": {"labels": {"probe": value}}}, headers=MERGE_PATCH
+        )
+
+    op = ChartOperator(
+        sandbox,
+        tmp_path,
+        kubeconfig=await sandbox.service_account_kubeconfig(NS, SA, tmp_path / "kubeconfig"),
+        cert_dir=release.cert_dir,
+        port=release.webhook_port,
+    )
+    await upgrade("--set", "webhook.matchConditions=false")
+    try:
+        vwc = (await kube.get(VWC_PATH)).json()
+        hooks = {h["name"]: h for h in vwc["webhooks"]}
+        assert list(hooks) == [c.WEBHOOK_NAME, UPDATE_WEBHOOK]
+        assert [h["rules"][0]["operations"] for h in hooks.values()] == [["CREATE"], ["UPDATE"]]
+        assert [h["failurePolicy"] for h in hooks.values()] == ["Fail", "Ignore"]
+        assert not any("matchConditions" in h for h in hooks.values())
+
+        # nmo up: the CR is admitted, and every UPDATE now reaches the webhook.
+        CURRENT.append(op)
+        await op.start()
+        created = await sandbox.kubectl("create", "-f", "-", input=json.dumps(body))
+        assert created.returncode == 0, describe(created)
+        allowed_line = f'"msg": "maintenance UPDATE for node {node} allowed"'
+
+        async def label_went_through_nmo() -> bool:
+            resp = await label(uuid.uuid4().hex[:8])
+            assert resp.status_code == 200, resp.text
+            return allowed_line in op.logs()
+
+        await wait_for(label_went_through_nmo, timeout=30, what="an UPDATE admitted by nmo")
+        moved = await kube.patch(path, json={"spec": {"nodeName": "node-2"}}, headers=MERGE_PATCH)
+        assert moved.status_code == 403, moved.text
+        assert Messages.WEBHOOK_NODENAME_CHANGED in moved.text
+        op.kill(signal.SIGTERM)
+
+        # nmo down: a new CR fails closed ...
+        stray = {**body, "metadata": {"name": f"{name}-x"}}
+        refused = await kube.post(NM, json=stray)
+        assert refused.status_code == 500 and "failed calling webhook" in refused.text
+        # ... UPDATEs are admitted unchecked (the documented price of Ignore) ...
+        assert (await label("down")).status_code == 200
+        unchecked = await api.merge(path, {"spec": {"nodeName": f"{node}-typo"}})
+        assert unchecked["spec"]["nodeName"] == f"{node}-typo"
+        await api.merge(path, {"spec": {"nodeName": node}})
+
+        # ... where UPDATE failing closed would block the guide's section 6:
+        await upgrade("--set", "webhook.updateFailurePolicy=Fail")
+
+        async def update_fails_closed() -> bool:
+            resp = await label("closed")
+            return resp.status_code == 500 and "failed calling webhook" in resp.text
+
+        await wait_for(update_fails_closed, timeout=30, what="UPDATE to fail closed")
+        await upgrade("--set", "webhook.updateFailurePolicy=Ignore")
+
+        async def update_admitted() -> bool:
+            return (await label("open")).status_code == 200
+
+        await wait_for(update_admitted, timeout=30, what="UPDATE to be admitted again")
+        await api.delete(path)
+        removed = await api.merge(path, {"metadata": {"finalizers": []}})
+        assert removed["metadata"]["name"] == name
+
+        async def gone() -> bool:
+            return await api.nm(name) is None
+
+        await wait_for(gone, timeout=30, what="the CR to go once its finalizer is removed")
+    finally:
+        op.kill(signal.SIGTERM)
+        if op in CURRENT:
+            CURRENT.remove(op)
+        if await api.nm(name) is not None:
+            await api.merge(path, {"metadata": {"finalizers": []}})
+            await api.delete(path)
+        await upgrade(
+            "--set", "webhook.matchConditions=auto", "--set", "webhook.updateFailurePolicy=Ignore"
+        )
+
+
 async def test_upgrade_with_changed_values(
     sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm, release: Release
 ) -> None:
@@ -511,7 +770,9 @@ async def test_uninstall_leaves_only_the_crd(
     assert left.stdout.strip() == "", f"left behind by helm uninstall:\n{left.stdout}"
     labelled = await sandbox.kubectl(
         "get", "all,roles,rolebindings,clusterroles,clusterrolebindings,"
-        "validatingwebhookconfigurations,secrets,serviceaccounts,poddisruptionbudgets",
+        "validatingwebhookconfigurations,validatingadmissionpolicies,"
+        "validatingadmissionpolicybindings,secrets,serviceaccounts,poddisruptionbudgets,"
+        "networkpolicies",
         "--all-namespaces", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
     )  # fmt: skip
     assert labelled.stdout.strip() == "", labelled.stdout
@@ -630,7 +891,7 @@ async def test_template_accepted_by_the_apiserver(
         "Role", "RoleBinding", "ValidatingWebhookConfiguration",
     }  # fmt: skip
     if mode != "webhook-url":
-        expected |= {"Deployment", "Service", "PodDisruptionBudget"}
+        expected |= {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
     expected |= {"cert-manager": {"Issuer", "Certificate"}, "helm-generated": {"Secret"}}.get(
         mode, set()
     )
