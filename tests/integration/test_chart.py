@@ -834,13 +834,18 @@ async def test_generated_certificate_is_kept_across_upgrades(
 
 
 @pytest.mark.parametrize(
-    "values",
-    [*MODES.values(), EVERYTHING_ON],
-    ids=[*MODES, "everything-on"],
+    ("values", "kube_version"),
+    [
+        *((values, "") for values in MODES.values()),
+        (EVERYTHING_ON, ""),
+        ([], "1.23.0"),
+        (["--set", "webhook.certManager.enabled=false"], "1.27.4"),
+    ],
+    ids=[*MODES, "everything-on", "kubernetes-1.23", "kubernetes-1.27"],
 )
-async def test_lint_strict(helm: Helm, values: list[str]) -> None:
+async def test_lint_strict(helm: Helm, values: list[str], kube_version: str) -> None:
     result = await helm(
-        "lint", "--strict", str(CHART), "--kube-version", helm.kube_version, *values
+        "lint", "--strict", str(CHART), "--kube-version", kube_version or helm.kube_version, *values
     )
     assert result.returncode == 0, describe(result)
     assert "[WARNING]" not in result.stdout + result.stderr, describe(result)
@@ -899,6 +904,51 @@ async def test_template_accepted_by_the_apiserver(
     result = await sandbox.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert result.returncode == 0, describe(result)
     assert "(server dry run)" in result.stdout
+
+
+async def test_network_policy_learns_the_apiservers_addresses(
+    sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm
+) -> None:
+    """Helm's lookup of EndpointSlice default/kubernetes (``helm install``, or
+    ``helm template --dry-run=server``) fills the apiserver's ipBlocks.
+
+    The sandbox's apiserver publishes no endpoints (it listens on loopback),
+    so the test writes the EndpointSlice a real apiserver keeps; the policy is
+    then checked by the apiserver (server dry run). No CNI here enforces it.
+    """
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+    published = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.10"]}, {"addresses": ["192.0.2.11"]}],
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+    }
+    if (await kube.get(f"{slice_path}/kubernetes")).status_code == 200:
+        pytest.fail("the sandbox's apiserver publishes endpoints now: use them", pytrace=False)
+    assert (await kube.post(slice_path, json=published)).status_code == 201
+    try:
+        result = await helm(
+            "template", RELEASE, str(CHART), "-n", NS, "--dry-run=server",
+            "--show-only", "templates/networkpolicy.yaml",
+        )  # fmt: skip
+        assert result.returncode == 0, describe(result)
+    finally:
+        await kube.delete(f"{slice_path}/kubernetes")
+    (np,) = [d for d in yaml.safe_load_all(result.stdout) if d]
+    cluster_ip = (await kube.get("/api/v1/namespaces/default/services/kubernetes")).json()
+    webhook_rule = next(r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == 9443)
+    sources = [p["ipBlock"]["cidr"] for p in webhook_rule["from"]]
+    assert sources == ["192.0.2.10/32", "192.0.2.11/32"]
+    apiserver = np["spec"]["egress"][0]
+    assert [p["port"] for p in apiserver["ports"]] == [6443, 443]
+    destinations = [p["ipBlock"]["cidr"] for p in apiserver["to"]]
+    assert destinations == [*sources, cluster_ip["spec"]["clusterIP"] + "/32"]
+    assert "looked up" in np["metadata"]["annotations"]["nmo.medik8s.io/api-server"]
+    await ensure_namespace(sandbox, NS)
+    checked = await sandbox.kubectl("apply", "--dry-run=server", "-f", "-", input=result.stdout)
+    assert checked.returncode == 0, describe(checked)
 
 
 async def test_deployment_matches_the_guide(helm: Helm) -> None:
