@@ -636,11 +636,12 @@ async def test_before_1_28_finalizers_come_off_while_nmo_is_down(
         "spec": {"nodeName": node},
     }
 
-    async def upgrade(*values: str) -> None:
+    async def upgrade(*values: str) -> str:
         result = await helm(
             "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", *values, "--wait"
         )
         assert result.returncode == 0, describe(result)
+        return result.stdout
 
     async def label(value: str) -> httpx.Response:
         return await kube.patch(
@@ -654,8 +655,9 @@ async def test_before_1_28_finalizers_come_off_while_nmo_is_down(
         cert_dir=release.cert_dir,
         port=release.webhook_port,
     )
-    await upgrade("--set", "webhook.matchConditions=false")
+    notes = await upgrade("--set", "webhook.matchConditions=false")
     try:
+        assert f"UPDATEs go to {UPDATE_WEBHOOK} (failurePolicy Ignore)" in notes, notes
         vwc = (await kube.get(VWC_PATH)).json()
         hooks = {h["name"]: h for h in vwc["webhooks"]}
         assert list(hooks) == [c.WEBHOOK_NAME, UPDATE_WEBHOOK]
