@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
-from test_chart_alerts import helm_env, of_kind, render, template
+import yaml
+from test_chart_alerts import CHART, ROOT, helm_env, of_kind, render, template
 
 from nmo.api import constants as c
 from nmo.core.budget import LEDGER_NAME
@@ -369,3 +371,20 @@ def test_schema_refuses(helm_env: dict[str, str], value: str, where: str) -> Non
     result = template(helm_env, "--set", value)
     assert result.returncode != 0
     assert where in result.stderr, result.stderr
+
+
+# -- the documentation -------------------------------------------------------------
+
+
+def test_documented_values_exist() -> None:
+    """Every value docs/install.md names for these features is a key of values.yaml."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    text = (ROOT / "docs" / "install.md").read_text()
+    prefixes = "|".join(("networkPolicy", "nodePolicy", "webhook", "openshift", "leases"))
+    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)", text))
+    assert {"networkPolicy.apiServer.cidrs", "nodePolicy.validationActions"} <= named
+    for path in sorted(named):
+        node: Any = values
+        for key in path.split("."):
+            assert isinstance(node, dict) and key in node, f"docs/install.md names {path}"
+            node = node[key]
