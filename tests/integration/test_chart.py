@@ -195,6 +195,18 @@ class ChartOperator(Operator):
         self.cert_dir = cert_dir
         self.webhook_port = port
 
+    @classmethod
+    async def for_release(cls, sandbox: Sandbox, release: Release, log_dir: Path) -> ChartOperator:
+        """One serving the release's webhook URL, with a token of the chart's ServiceAccount."""
+        kubeconfig = await sandbox.service_account_kubeconfig(NS, SA, log_dir / "kubeconfig")
+        return cls(
+            sandbox,
+            log_dir,
+            kubeconfig=kubeconfig,
+            cert_dir=release.cert_dir,
+            port=release.webhook_port,
+        )
+
     def args(self) -> list[str]:
         return [
             sys.executable, "-m", "nmo", "run",
@@ -339,13 +351,7 @@ async def test_maintenance_under_the_charts_service_account(
         f"/api/v1/namespaces/{NS}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SCRAPER}},
     )
-    op = ChartOperator(
-        sandbox,
-        tmp_path,
-        kubeconfig=await sandbox.service_account_kubeconfig(NS, SA, tmp_path / "kubeconfig"),
-        cert_dir=release.cert_dir,
-        port=release.webhook_port,
-    )
+    op = await ChartOperator.for_release(sandbox, release, tmp_path)
     CURRENT.append(op)  # its log is attached to a failure report
     try:
         await op.start()
@@ -648,13 +654,7 @@ async def test_before_1_28_finalizers_come_off_while_nmo_is_down(
             path, json={"metadata": {"labels": {"probe": value}}}, headers=MERGE_PATCH
         )
 
-    op = ChartOperator(
-        sandbox,
-        tmp_path,
-        kubeconfig=await sandbox.service_account_kubeconfig(NS, SA, tmp_path / "kubeconfig"),
-        cert_dir=release.cert_dir,
-        port=release.webhook_port,
-    )
+    op = await ChartOperator.for_release(sandbox, release, tmp_path)
     notes = await upgrade("--set", "webhook.matchConditions=false")
     try:
         assert f"UPDATEs go to {UPDATE_WEBHOOK} (failurePolicy Ignore)" in notes, notes
