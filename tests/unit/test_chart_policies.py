@@ -78,6 +78,12 @@ def test_the_values_override_the_version(helm_env: dict[str, str]) -> None:
     )
     assert [h["name"] for h in forced] == [c.WEBHOOK_NAME]
     assert "matchConditions" in forced[0]
+    as_string = webhooks(
+        render(
+            helm_env, "--kube-version", "1.30.0", "--set-string", "webhook.matchConditions=false"
+        )
+    )
+    assert len(as_string) == 2  # a string "false" (GitOps parameters) means false too
     off = webhooks(
         render(helm_env, "--kube-version", "1.30.0", "--set", "webhook.matchConditions=false")
     )
@@ -126,12 +132,15 @@ def test_the_chart_refuses_kubernetes_before_1_23(helm_env: dict[str, str]) -> N
         ("auto", OPENSHIFT, True),  # helm install on OpenShift, or --api-versions
         ("true", [], True),  # GitOps rendering for an OpenShift cluster
         ("false", OPENSHIFT, False),
+        ("'true'", [], True),  # a YAML string, as some GitOps tools pass values
     ],
 )
 def test_openshift_etcd_guard_value(
     helm_env: dict[str, str], value: str, apis: list[str], granted: bool
 ) -> None:
-    docs = render(helm_env, "--set", f"openshift.etcdQuorumGuard={value}", *apis)
+    flag = "--set-json" if value.startswith("'") else "--set"
+    value = value.replace("'", '"')
+    docs = render(helm_env, flag, f"openshift.etcdQuorumGuard={value}", *apis)
     in_etcd = [d for d in docs if d["metadata"].get("namespace") == "openshift-etcd"]
     if not granted:
         assert in_etcd == []
