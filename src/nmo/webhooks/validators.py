@@ -20,7 +20,8 @@ Guarantees:
 * The duplicate check claims the node through :meth:`Lookups.claim_node`; a
   claim is released again whenever this function ends up denying, so a denied
   create never blocks a later one.
-* UPDATE refuses a changed ``spec.nodeName``; everything else is allowed.
+* UPDATE refuses a changed ``spec.nodeName`` and a changed ``spec.drain``
+  that is invalid; everything else is allowed, without a lookup.
 * An admitted CREATE (dry run or not) carries admission warnings when a
   PodDisruptionBudget covering a pod the drain would evict allows no
   disruption right now (:func:`budget_warnings`); finding out never refuses
@@ -312,10 +313,26 @@ async def budget_warnings(new: Obj, node_name: str, lookups: Lookups) -> list[st
         return []
 
 
+def _drain_of(obj: Obj) -> object:
+    spec = obj.get("spec")
+    return spec.get("drain") if isinstance(spec, Mapping) else None
+
+
 def validate_update(old: Obj | None, new: Obj) -> Decision:
-    """Rules for a changed NodeMaintenance: the node cannot be swapped."""
+    """Rules for a changed NodeMaintenance: the node cannot be swapped, and a
+    changed ``spec.drain`` must be valid.
+
+    Without lookups, so it answers at once. Exactly the UPDATEs the chart's
+    matchConditions keep from the webhook (same nodeName, same drain:
+    finalizer, label, annotation changes) are allowed whatever the object
+    holds, so the finalizer of a CR whose old ``spec.drain`` would no longer
+    pass can still be removed where the webhook sees every UPDATE
+    (Kubernetes before 1.28, see the chart's templates/webhook.yaml).
+    """
     if old is not None and node_name_of(old) != node_name_of(new):
         return Decision.deny(Messages.WEBHOOK_NODENAME_CHANGED)
+    if old is not None and _drain_of(old) == _drain_of(new):
+        return Decision.allow()
     if (problem := drain_spec_error(new)) is not None:
         return Decision.deny(problem)
     return Decision.allow()
