@@ -67,6 +67,10 @@ class ServerSettings:
     """Where and how the servers listen. A port of None turns a server off."""
 
     bind_address: str = "0.0.0.0"
+    # Per-server hosts (the Go flags --health-probe-bind-address and
+    # --metrics-bind-address); None: ``bind_address``; "": every interface.
+    probes_bind_address: str | None = None
+    metrics_bind_address: str | None = None
     webhook_port: int | None = 9443
     probes_port: int | None = 8081
     metrics_port: int | None = 8443
@@ -139,6 +143,8 @@ def bind(host: str, port: int) -> socket.socket:
     headers and body separately, TLS adds session tickets) until the client's
     delayed ACK, 40 ms later.
     """
+    if host == "":  # every interface, as Go's net.Listen(":port"): IPv6 and IPv4 when possible
+        host = "::" if socket.has_dualstack_ipv6() else "0.0.0.0"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
@@ -310,7 +316,9 @@ class Servers:
             timeout_keep_alive=s.keep_alive_seconds,
             **options,
         )
-        sock = bind(s.bind_address, port)
+        host = {"probes": s.probes_bind_address, "metrics": s.metrics_bind_address}.get(name)
+        host = s.bind_address if host is None else host
+        sock = bind(host, port)
         try:
             server = _EmbeddedServer(config, limits=s.connection_limits, name=name)
             config.load()
@@ -325,7 +333,7 @@ class Servers:
         log.info(
             "%s server listening",
             name,
-            extra={"address": s.bind_address, "port": self.ports[name], "tls": ctx is not None},
+            extra={"address": host, "port": self.ports[name], "tls": ctx is not None},
         )
 
     def listener(self, name: str) -> Listener:
