@@ -333,7 +333,7 @@ class Servers:
         log.info(
             "%s server listening",
             name,
-            extra={"address": host, "port": self.ports[name], "tls": ctx is not None},
+            extra={"address": host or "*", "port": self.ports[name], "tls": ctx is not None},
         )
 
     def listener(self, name: str) -> Listener:
