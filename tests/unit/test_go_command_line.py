@@ -366,3 +366,15 @@ def test_an_empty_host_listens_on_every_interface() -> None:
             pass  # IPv4 reaches it too
     finally:
         sock.close()
+
+
+def test_the_image_installs_manager_as_nmo_run() -> None:
+    """The Go Deployment's ``command: [/manager]``: the image's /manager is the
+    console script of :func:`nmo.cli.manager.main`."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["nmo-manager"] == "nmo.cli.manager:main"
+    runtime = (root / "Containerfile").read_text().rsplit("\nFROM ", 1)[1]
+    assert "COPY --from=build /opt/nmo/bin/nmo-manager /manager" in runtime
