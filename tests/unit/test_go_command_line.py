@@ -378,3 +378,23 @@ def test_the_image_installs_manager_as_nmo_run() -> None:
     assert scripts["nmo-manager"] == "nmo.cli.manager:main"
     runtime = (root / "Containerfile").read_text().rsplit("\nFROM ", 1)[1]
     assert "COPY --from=build /opt/nmo/bin/nmo-manager /manager" in runtime
+
+
+def test_a_read_only_root_filesystem_keeps_the_metrics_certificate_in_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Go CSV: readOnlyRootFilesystem and no /tmp volume. Tests run as root,
+    who may write anywhere, so the unusable temporary directory is a file."""
+    import tempfile
+
+    from nmo.webhooks.servers import private_dir
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(blocker))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    made = private_dir("nmo-metrics-cert-", fallback=str(shm))
+    assert made.parent == shm and made.is_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert private_dir("nmo-metrics-cert-", fallback=str(shm)).parent == tmp_path

@@ -162,6 +162,24 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+SHARED_MEMORY = "/dev/shm"
+
+
+def private_dir(prefix: str, *, fallback: str = SHARED_MEMORY) -> Path:
+    """A new 0700 directory in the temporary directory, else in ``fallback``.
+
+    The Go NMO's Deployment and CSV run with a read-only root filesystem and
+    no volume at /tmp (controller-runtime keeps its self-signed metrics
+    certificate in memory); the container's /dev/shm is a tmpfs of its own
+    that stays writable there.
+    """
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix))
+    except OSError as exc:
+        log.info("no writable temporary directory (%s); using %s", exc, fallback)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=fallback))
+
+
 class WebhookState:
     """Why the webhook server is not serving (None once it is)."""
 
@@ -227,7 +245,7 @@ class Servers:
         if s.metrics_cert_dir is not None:
             cert = ReloadingCertificate(s.metrics_cert_dir)
         else:
-            self._tmp = Path(tempfile.mkdtemp(prefix="nmo-metrics-cert-"))
+            self._tmp = private_dir("nmo-metrics-cert-")
             write_self_signed(self._tmp, ["localhost", "127.0.0.1", socket.gethostname()])
             cert = ReloadingCertificate(self._tmp)
             log.info("metrics server uses a self-signed certificate")
