@@ -156,3 +156,28 @@ async def test_a_lease_held_by_another_replica_is_no_problem(
     assert await elector._acquire(1.0) is False  # a standby
     assert elector.problem is None
     assert not _problems(caplog)
+
+
+async def test_an_api_server_that_does_not_answer_fails_readiness_only_once_it_lasts(
+    api_server: respx.MockRouter, kube: Kube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One slow answer must not take a standby out of its Service; a dead
+    API server for ``renew_deadline`` does."""
+    route = api_server.get(f"{LEASES}/135b1886.medik8s.io").mock(
+        return_value=_status(503, "ServiceUnavailable", "etcdserver: leader changed")
+    )
+    clock = Clock()
+    elector = LeaderElector(kube, SETTINGS, clock=clock)
+    assert await elector._acquire(1.0) is False
+    assert elector.problem is None  # not yet a readiness problem...
+    (logged,) = _problems(caplog)  # ...but said at once
+    assert logged.levelno == logging.WARNING
+    assert "etcdserver: leader changed" in logged.getMessage()
+    clock.now += SETTINGS.renew_deadline
+    assert await elector._acquire(1.0) is False
+    assert elector.problem is not None
+    assert "etcdserver: leader changed" in elector.problem
+    route.mock(return_value=httpx.Response(404, json={}))
+    api_server.post(LEASES).mock(return_value=httpx.Response(201, json={}))
+    assert await elector._acquire(1.0) is True
+    assert elector.problem is None

@@ -26,7 +26,10 @@ credentials are refused, the API server does not answer) becomes
 pass or create. It is logged at once, again when it changes and every
 :data:`REPEAT_PROBLEM` seconds while it lasts, and the CLI's ``/readyz``
 fails with it; the elector keeps retrying every ``retry_period`` and clears
-the problem on the first attempt that gets an answer.
+the problem on the first attempt that gets an answer. An API server that
+does not answer (a timeout, a 5xx) is logged at once too, but is a problem
+for readiness only once it has lasted ``renew_deadline``, so that one slow
+answer does not take a replica out of its Service.
 """
 
 from __future__ import annotations
@@ -39,7 +42,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nmo.core.errors import AlreadyExists, Conflict, Forbidden, KubeError, NotFound, Unauthorized
+from nmo.core.errors import (
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    KubeError,
+    NotFound,
+    Transient,
+    Unauthorized,
+)
 from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.lease import format_micro
 
@@ -126,8 +137,10 @@ class LeaderElector:
         self._last_ok = 0.0  # clock() when the last successful renewal began
         self.transitions = 0
         # Why this replica can neither lead nor stand by (None: it can).
-        self.problem: str | None = None
+        self._problem: str | None = None
+        self._problem_since = 0.0
         self._problem_logged = 0.0
+        self._problem_transient = False
         self._method = ""  # of the request in flight, for explain()
 
     @property
@@ -219,27 +232,37 @@ class LeaderElector:
             self._report(
                 f"leader election cannot work: no answer from the API server within "
                 f"{budget:.1f}s; retrying every {self.s.retry_period:g}s",
-                level=logging.WARNING,
+                transient=True,
             )
             return False
         except KubeError as exc:
-            self._report(explain(exc, method=self._method, settings=self.s))
+            transient = isinstance(exc, Transient) or exc.status_code == 429
+            self._report(explain(exc, method=self._method, settings=self.s), transient=transient)
             return False
-        if self.problem is not None:
+        if self._problem is not None:
             log.info(
                 "leader election works again: the Lease %s/%s answered",
                 self.s.namespace,
                 self.s.name,
             )
-            self.problem = None
+            self._problem = None
         return acquired
 
-    def _report(self, problem: str, *, level: int = logging.ERROR) -> None:
+    def _report(self, problem: str, *, transient: bool = False) -> None:
         now = self.clock()
-        if problem != self.problem or now - self._problem_logged >= REPEAT_PROBLEM:
-            log.log(level, "%s", problem)
+        if problem != self._problem or now - self._problem_logged >= REPEAT_PROBLEM:
+            log.log(logging.WARNING if transient else logging.ERROR, "%s", problem)
             self._problem_logged = now
-        self.problem = problem
+        if self._problem is None or transient != self._problem_transient:
+            self._problem_since = now
+        self._problem, self._problem_transient = problem, transient
+
+    @property
+    def problem(self) -> str | None:
+        """Why this replica can neither lead nor stand by (None: it can)."""
+        if self._problem_transient and self.clock() - self._problem_since < self.s.renew_deadline:
+            return None
+        return self._problem
 
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Wait for leadership, then run ``lead`` while renewing; raise on loss."""
