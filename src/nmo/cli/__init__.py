@@ -358,9 +358,10 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
     metrics_host, metrics_port = _address(
         "metrics-bind-address", args.metrics_bind_address, "--metrics-port", args.metrics_port, 8443
     )
-    # The Go NMO up to 0.20 served plain /metrics on 127.0.0.1:8080 behind a
-    # kube-rbac-proxy sidecar (which does the TLS and the authorization), and
-    # its Deployments say so: a loopback metrics address keeps that layout.
+    # The Go NMO up to 0.20 served plain /metrics (on :8080) to a kube-rbac-proxy
+    # sidecar, which does the TLS and the authorization and proxies
+    # http://127.0.0.1:8080/; its Deployments pass --metrics-bind-address=
+    # 127.0.0.1:8080. A loopback metrics address keeps that layout working.
     secure = args.metrics_secure
     if secure is None:
         secure = not _loopback(metrics_host)
