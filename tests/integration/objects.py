@@ -6,6 +6,7 @@ import uuid
 from typing import Any
 
 import httpx
+from operator_fixtures import wait_for
 
 from nmo.sandbox import manifests
 
@@ -128,5 +129,12 @@ class Api:
     async def lease(self, node: str) -> dict[str, Any] | None:
         return await self.get(f"{LEASES}/node-{node}")
 
-    async def delete_nm_and_wait_gone(self, name: str) -> None:
+    async def delete_nm_and_wait_gone(self, name: str, timeout: float = 60) -> None:
+        """Delete a NodeMaintenance and wait until the API server no longer has it
+        (its finalizer removed), so a new CR for the node is not a duplicate."""
         await self.delete(f"{NM}/{name}")
+
+        async def gone() -> bool:
+            return await self.nm(name) is None
+
+        await wait_for(gone, timeout=timeout, what=f"NodeMaintenance {name} gone")

@@ -1,4 +1,5 @@
-"""The maintenance engine on the real sandbox (behavior.md A2-A5, B1-B9).
+"""The maintenance engine on the real sandbox (behavior.md A2-A5, B1-B9; B1,
+B2, B8 and B9 where the Go NMO fails them are in test_improvements.py).
 
 Every test gets its own kwok nodes and namespace; the session's nmo process
 (``operator``) reconciles all of them.
@@ -6,9 +7,7 @@ Every test gets its own kwok nodes and namespace; the session's nmo process
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -162,7 +161,9 @@ async def test_full_maintenance_and_removal(
     assert lease["metadata"]["ownerReferences"][0]["name"] == target
 
     # B4: more reconciles and lease renewals emit no event again (none created,
-    # none updated with a higher count).
+    # none updated with a higher count). The Go NMO re-emits SucceedMaintenance
+    # on every reconcile, and its recorder aggregates the repeats into one Event
+    # object whose count grows: the count, not the number of objects, tells.
     async def succeed_recorded() -> bool:
         return len(await api.events(name, "SucceedMaintenance")) == 1
 
@@ -172,8 +173,9 @@ async def test_full_maintenance_and_removal(
     await lease_renewed(api, target, times=2)
     emitted = [e for e in nmo_events(await window.close()) if e.on("events") and e.is_write]
     assert not emitted, "events recorded again:\n" + show(emitted)
-    assert len(await api.events(name, "BeginMaintenance")) == 1
-    assert len(await api.events(name, "SucceedMaintenance")) == 1
+    for reason in ("BeginMaintenance", "SucceedMaintenance"):
+        (recorded,) = await api.events(name, reason)
+        assert recorded["count"] == 1, f"{reason} recorded {recorded['count']} times"
 
     # A foreign finalizer must survive our removal.
     await api.merge(
@@ -382,47 +384,6 @@ async def test_pdb_blocks_then_relaxing_it_completes(
     nm = await wait_phase(api, name, "Succeeded", timeout=60)
     assert "lastError" not in nm["status"]
     await remove_nm(api, name)
-
-
-async def test_twenty_at_once_one_blocked(
-    operator: Operator, api: Api, namespace: str, node_factory: Any
-) -> None:
-    nodes = await node_factory(20)
-    ns = namespace
-    for i, node in enumerate(nodes):
-        labels = {"app": f"a{i}"}
-        await api.create(
-            f"/apis/apps/v1/namespaces/{ns}/deployments",
-            deployment(f"a{i}", 1, labels, pod_spec({"kubernetes.io/hostname": node})),
-        )
-    await api.create(
-        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb("a0-pdb", {"app": "a0"}, 1)
-    )
-
-    async def running() -> bool:
-        pods = await api.pods(ns)
-        budget = await api.get(f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/a0-pdb")
-        return (
-            sum(p["status"].get("phase") == "Running" for p in pods) == 20
-            and (budget or {}).get("status", {}).get("currentHealthy") == 1
-        )
-
-    await wait_for(running, what="20 pods running")
-    names = [f"nm-{uid()}-{i}" for i in range(20)]
-    started = time.monotonic()
-    await asyncio.gather(*(api.create_nm(n, node) for n, node in zip(names, nodes, strict=True)))
-
-    async def others_done() -> bool:
-        phases = await asyncio.gather(*(api.phase(n) for n in names[1:]))
-        return all(p == "Succeeded" for p in phases)
-
-    await wait_for(others_done, timeout=90, what="19 unblocked maintenances Succeeded")
-    elapsed = time.monotonic() - started
-    assert await api.phase(names[0]) == "Running"
-    print(
-        f"\n19 of 20 concurrent maintenances Succeeded in {elapsed:.1f}s while one is PDB-blocked"
-    )
-    await asyncio.gather(*(remove_nm(api, n) for n in names))
 
 
 async def test_duplicate_cr_refused_by_reconciler(

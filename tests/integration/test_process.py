@@ -26,6 +26,7 @@ import pytest
 from audit import AuditEvent, AuditWindow, nmo_events, show
 from objects import NM, Api, uid
 from operator_fixtures import Operator, free_port, probe_leading, probe_synced, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from nmo.api import constants as c
 from nmo.sandbox import Sandbox
@@ -307,8 +308,21 @@ async def test_probes_metrics_and_webhook_in_one_process(
         assert denied.stdout.splitlines()[-1] == "403"
         allowed = await curl(metrics_url, "-k", "-H", f"Authorization: Bearer {tokens['reader']}")
         assert allowed.stdout.splitlines()[-1] == "200"
-        for metric in ("nmo_reconcile_total", "nmo_evictions_total", "nmo_maintenances"):
-            assert metric in allowed.stdout
+        # Values, not names: the one replica leads, idle; the two scrapes with a
+        # token cost a TokenReview and a SubjectAccessReview each (POST, 201).
+        body = allowed.stdout.rsplit("\n", 1)[0]
+        served = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(body)
+            for s in family.samples
+        }
+        assert served[("nmo_leader", frozenset())] == 1
+        ctrl = frozenset({("controller", "nodemaintenance")})
+        assert served[("controller_runtime_max_concurrent_reconciles", ctrl)] == 10
+        assert served[("controller_runtime_active_workers", ctrl)] == 0
+        host = sandbox.server.removeprefix("https://")
+        created = frozenset({("code", "201"), ("method", "POST"), ("host", host)})
+        assert served[("rest_client_requests_total", created)] >= 4
     finally:
         await api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}")
         await api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}")

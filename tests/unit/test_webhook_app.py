@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import respx
+from prometheus_client.parser import text_string_to_metric_families
 from webhook_fakes import FakeLookups, nm, node
 
 from nmo.api.constants import WEBHOOK_PATH, Messages
@@ -116,7 +117,8 @@ async def test_malformed_review_with_uid_gets_an_errored_review() -> None:
             review(),
             FakeLookups(failing={"node"}),
             False,
-            "could not get node for validating spec.NodeName, please try again: node exploded",
+            "could not get node for validating spec.NodeName, please try again: "
+            "could not get node: node exploded",
             "error",
             id="create lookup failure",
         ),
@@ -366,7 +368,18 @@ async def test_metrics_api_errors_answer_500(api_server: respx.MockRouter, kube:
 
 
 async def test_metrics_served_plainly_without_auth() -> None:
-    async with client(create_metrics_app(metrics=Metrics(), auth=None)) as http:
+    metrics = Metrics()
+    metrics.webhook_latency.observe(0.2)
+    async with client(create_metrics_app(metrics=metrics, auth=None)) as http:
         resp = await http.get("/metrics")
     assert resp.status_code == 200
-    assert "nmo_webhook_admission_duration_seconds" in resp.text
+    served = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+    name = "nmo_webhook_admission_duration_seconds"
+    assert served[(f"{name}_count", ())] == 1
+    assert served[(f"{name}_bucket", (("le", "0.1"),))] == 0
+    assert served[(f"{name}_bucket", (("le", "0.25"),))] == 1
+    assert served[("process_resident_memory_bytes", ())] > 0

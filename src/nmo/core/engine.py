@@ -32,7 +32,7 @@ from nmo.api import constants as c
 from nmo.core import slim
 from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
-from nmo.core.errors import Conflict, KubeError
+from nmo.core.errors import Conflict, Forbidden, KubeError
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, node_path
 from nmo.core.leader import LeaderElector, LeaderSettings
@@ -42,7 +42,7 @@ from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import blocked_by
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.memory import Memories, Memory
-from nmo.core.metrics import Metrics
+from nmo.core.metrics import CONTROLLER, Metrics
 from nmo.core.notify import Notifier, NotifySettings
 from nmo.core.queue import WorkQueue
 from nmo.core.reconciler import NM_PATH, Reconciler
@@ -114,6 +114,9 @@ class Engine:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics
+        # Every request of the process's client is counted, as client-go's
+        # rest client counts the Go operator's (rest_client_requests_total).
+        kube.on_response = metrics.rest_request
         self.maintenances = Informer(
             kube,
             NM_PATH,
@@ -188,6 +191,7 @@ class Engine:
                     retry_period=settings.leader_retry_period,
                 ),
             )
+            metrics.leader(settings.leader_election_id, leading=False)
         self.leading = False
         self.pod_watches_started = 0
         self.maintenances.add_handler(self._on_maintenance)
@@ -232,6 +236,8 @@ class Engine:
             # after a watch gap), nothing of it may keep running.
             self.memories.forget(name)
             self._wake_queued()  # its slot may be free (pruned at the next admission)
+            if self.leading:
+                self._phase_gauge()  # no pass follows a deletion: count it now
             return
         if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
             return  # a status-only change (most often our own write): nothing to do
@@ -334,8 +340,21 @@ class Engine:
 
     async def _lead(self) -> None:
         self.metrics.is_leader.set(1)
+        if self.elector is not None:
+            self.metrics.leader(self.settings.leader_election_id, leading=True)
+        # What controller-runtime's controller does when it starts on the leader.
+        self.metrics.controller_started(self.settings.max_concurrent_reconciles)
+        self.queue.instrument(self.metrics)
         try:
             await self.leases.ensure_namespace()
+        except Forbidden:
+            # The chart grants no namespace create when it creates the lease
+            # namespace itself (leases.createNamespace): it exists already.
+            log.info(
+                "lease namespace %s is not nmo's to create (no RBAC for namespaces): "
+                "leases go into it as it is",
+                self.leases.namespace,
+            )
         except KubeError as exc:
             log.warning("could not ensure lease namespace %s: %s", self.leases.namespace, exc)
         self.leading = True
@@ -354,6 +373,8 @@ class Engine:
         finally:
             self.leading = False
             self.metrics.is_leader.set(0)
+            if self.elector is not None:
+                self.metrics.leader(self.settings.leader_election_id, leading=False)
             self.memories.forget_all()
 
     async def _resync(self) -> None:
@@ -364,38 +385,47 @@ class Engine:
                 self.queue.add(name)
 
     async def _worker(self) -> None:
+        active = self.metrics.cr_active_workers.labels(controller=CONTROLLER)
         while True:
             key = await self.queue.get()
             if key is None:
                 return
+            active.inc()
             started = time.perf_counter()
-            result = "success"
+            result = "success"  # nmo_reconcile_total's result
+            compat = "success"  # controller_runtime_reconcile_total's result
             try:
                 outcome = await self.reconciler.reconcile(key)
                 self.queue.forget(key)
                 if outcome.requeue_after is not None:
                     result = "requeue"
-                    self.queue.add_after(key, outcome.requeue_after)
+                    compat = "requeue_after" if outcome.requeue_after > 0 else "requeue"
+                    self.queue.add_after(key, outcome.requeue_after, retry=True)
             except Conflict as exc:
-                result = "requeue"
+                result = compat = "requeue"
                 log.info("maintenance %s: conflict, retrying on fresh state: %s", key, exc)
-                self.queue.add_after(key, 0.1)
+                self.queue.add_after(key, 0.1, retry=True)
             except KubeError as exc:
-                result = "error"
+                result = compat = "error"
                 delay = self.queue.backoff(key)
                 log.warning(
                     "maintenance %s: reconcile failed, retrying in %.1fs: %s", key, delay, exc
                 )
             except Exception:
-                result = "error"
+                result = compat = "error"
+                # A crash is what a recovered panic is to controller-runtime.
+                self.metrics.cr_panics.labels(controller=CONTROLLER).inc()
                 delay = self.queue.backoff(key)
                 log.exception("maintenance %s: reconcile crashed, retrying in %.1fs", key, delay)
             finally:
+                elapsed = time.perf_counter() - started
                 self.queue.done(key)
+                active.dec()
                 self.metrics.reconcile_total.labels(result=result).inc()
                 if result == "error":
                     self.metrics.reconcile_errors.inc()
-                self.metrics.reconcile_latency.observe(time.perf_counter() - started)
+                self.metrics.reconcile_latency.observe(elapsed)
+                self.metrics.reconciled(compat, elapsed)
                 self.metrics.queue_depth.set(len(self.queue))
                 self._phase_gauge()
 

@@ -4,17 +4,25 @@ Events are how ``kubectl describe nm`` and ``kubectl get events
 --field-selector reason=...`` tell the story (guide section 4). Both objects
 are cluster-scoped, so, as client-go does, events go to namespace
 ``default``. Recording an event never fails a reconcile: errors are logged.
+
+Repeats are correlated as client-go's recorder correlates them
+(:mod:`nmo.core.eventcache`): the same event again raises ``count`` on one
+Event object instead of creating another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.errors import KubeError
+from nmo.core.errors import KubeError, NotFound
+from nmo.core.eventcache import EventCorrelator, Key, event_key
 from nmo.core.kube import Kube, api_path
 
 log = logging.getLogger("nmo.events")
@@ -60,30 +68,103 @@ def build_event(
     }
 
 
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+
+
+@dataclass
+class _KeyLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
 class EventRecorder:
-    def __init__(self, kube: Kube, *, instance: str = "nmo") -> None:
+    """Writes events through an :class:`EventCorrelator`, as client-go's recorder does.
+
+    A repeat of an event this process recorded before PATCHes that Event
+    (``count`` + 1, ``lastTimestamp`` now); if the Event is gone (the API
+    server's event TTL, one hour by default), it is created again under its
+    name with the raised count, as client-go does. Writes of one event key
+    are serialized, so two workers never race on the same Event.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        instance: str = "nmo",
+        correlator: EventCorrelator | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.kube = kube
         self.instance = instance
+        self.correlator = correlator or EventCorrelator()
+        self.clock = clock
+        self._locks: dict[Key, _KeyLock] = {}
 
     async def emit(
         self, obj: dict[str, Any], event: tuple[str, str], *, warning: bool = False
     ) -> None:
         reason, message = event
         kind = "Warning" if warning else "Normal"
-        body = build_event(obj, kind, reason, message, datetime.now(UTC), self.instance)
+        now = self.clock()
+        body = build_event(obj, kind, reason, message, now, self.instance)
+        key = event_key(body)
+        held = self._locks.setdefault(key, _KeyLock())
+        held.users += 1
         try:
-            await self.kube.create(api_path("v1", "events", namespace=EVENT_NAMESPACE), body)
+            async with held.lock:
+                await self._record(body, now)
+        finally:
+            held.users -= 1
+            if held.users == 0:
+                del self._locks[key]
+
+    async def _record(self, body: dict[str, Any], now: datetime) -> None:
+        reason = body["reason"]
+        name = body["involvedObject"]["name"]
+        result = self.correlator.correlate(body, now.timestamp())
+        if result is None:
+            log.info(
+                "maintenance event %s not recorded: too many events about %s",
+                reason,
+                name,
+                extra={"reason": reason, "object": name},
+            )
+            return
+        written = result.event
+        path = api_path("v1", "events", namespace=EVENT_NAMESPACE)
+        try:
+            answer: dict[str, Any] | None = None
+            if result.patch is not None:
+                try:
+                    answer = await self.kube.request(
+                        "PATCH",
+                        api_path(
+                            "v1",
+                            "events",
+                            namespace=EVENT_NAMESPACE,
+                            name=written["metadata"]["name"],
+                        ),
+                        body=result.patch,
+                        content_type=STRATEGIC_MERGE,
+                    )
+                except NotFound:
+                    answer = None
+            if answer is None:
+                written["metadata"].pop("resourceVersion", None)
+                answer = await self.kube.create(path, written)
         except KubeError as exc:
             log.warning(
                 "could not record maintenance event %s: %s",
                 reason,
                 exc,
-                extra={"reason": reason, "object": body["involvedObject"]["name"]},
+                extra={"reason": reason, "object": name},
             )
-        else:
-            log.info(
-                "maintenance event %s: %s",
-                reason,
-                message,
-                extra={"object": body["involvedObject"]["name"], "event_type": kind},
-            )
+            return
+        self.correlator.update_state(answer)
+        log.info(
+            "maintenance event %s: %s",
+            reason,
+            written["message"],
+            extra={"object": name, "event_type": body["type"], "count": answer.get("count")},
+        )

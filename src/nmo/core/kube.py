@@ -14,7 +14,9 @@ a terminating namespace), so nmo reads the status code itself.
 
 The API's ``Warning`` headers (deprecations, admission webhook warnings) are
 handed to :attr:`Kube.on_warning` when a caller sets it, as kubectl prints
-them.
+them. Every attempt's answer (its status code, or ``<error>`` when none came)
+is handed to :attr:`Kube.on_response` with the method and the server's
+host, as client-go reports it to ``rest_client_requests_total``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import kr8s
@@ -185,6 +188,19 @@ class Kube:
         self._slots = asyncio.Semaphore(max_in_flight)
         self.requests_total = 0
         self.on_warning: Callable[[str], None] | None = None
+        self.on_response: Callable[[str, str, str], None] | None = None
+        self._host: str | None = None
+
+    def _answered(self, method: str, code: int | None) -> None:
+        """Report one attempt: (status code or ``<error>``, method, host)."""
+        if self.on_response is None:
+            return
+        if self._host is None:
+            try:
+                self._host = urlsplit(self.server).netloc or "none"
+            except Exception:  # no kubeconfig server (a test double)
+                self._host = "none"
+        self.on_response("<error>" if code is None else str(code), method, self._host)
 
     @classmethod
     async def connect(
@@ -280,11 +296,13 @@ class Kube:
                 async with self._api.call_api(
                     method, version="", base=base, url=url, raise_for_status=False, **kwargs
                 ) as response:
+                    self._answered(method, response.status_code)
                     if self.on_warning is not None:
                         for value in response.headers.get_list("warning"):
                             self.on_warning(parse_warning(value))
                     return _decode(response)
             except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+                self._answered(method, None)
                 raise Transient(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
 
     async def get(self, path: str, *, params: Params | None = None) -> dict[str, Any]:
@@ -354,10 +372,12 @@ class Kube:
                         async with self._api.call_api(
                             "GET", version="", base=base, url=url, raise_for_status=False, **kwargs
                         ) as response:
+                            self._answered("GET", response.status_code)
                             if response.status_code >= 400:
                                 _decode(response)
                             return str(response.text)
                     except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+                        self._answered("GET", None)
                         raise Transient(f"GET {path}: {type(exc).__name__}: {exc}") from exc
             except KubeError as exc:
                 retryable = isinstance(exc, Transient) or exc.status_code == 429
@@ -372,6 +392,7 @@ class Kube:
         """Stream a watch: yields each decoded event line until the server ends it."""
         base, url = _split(path)
         self.requests_total += 1
+        answered = False
         try:
             async with self._api.call_api(
                 "GET",
@@ -384,6 +405,8 @@ class Kube:
                 headers={"User-Agent": USER_AGENT},
                 timeout=httpx.Timeout(10.0, read=read_timeout),
             ) as response:
+                answered = True
+                self._answered("GET", response.status_code)
                 if response.is_error:
                     await response.aread()
                     _decode(response)
@@ -391,6 +414,8 @@ class Kube:
                     if line.strip():
                         yield json.loads(line)
         except (httpx.TransportError, kr8s.APITimeoutError) as exc:
+            if not answered:
+                self._answered("GET", None)
             raise Transient(f"watch {path}: {type(exc).__name__}: {exc}") from exc
         except json.JSONDecodeError as exc:
             raise Transient(f"watch {path}: malformed event: {exc}") from exc

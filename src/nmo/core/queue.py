@@ -7,17 +7,34 @@ Guarantees:
 - ``add_after`` delays a key without holding any worker (one timer per key,
   the earliest wins);
 - ``backoff`` gives per-key capped exponential delays, ``forget`` resets them.
+
+Once :meth:`instrument` is called, the queue serves client-go's ``workqueue_*``
+series with client-go's meaning: ``adds`` counts a key becoming due for a
+pass (not a deduplicated add), ``depth`` is the keys due and not yet handed
+out (those waiting for their own pass to finish included), the durations run
+from the first add to ``get`` and from ``get`` to ``done``, and ``retries``
+counts the requeues of a reconcile's result (``backoff`` and ``add_after``
+with ``retry=True``), not the delays nmo adds to debounce pod events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 from nmo.core import backoff
+from nmo.core.metrics import CONTROLLER, Metrics, QueueInstruments
 
 
 class WorkQueue:
-    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        base_delay: float = 0.5,
+        max_delay: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._ready: asyncio.Queue[str | None] = asyncio.Queue()
         self._queued: set[str] = set()
         self._processing: set[str] = set()
@@ -27,6 +44,28 @@ class WorkQueue:
         self._shutdown = False
         self.base_delay = base_delay
         self.max_delay = max_delay
+        self._clock = clock
+        self._metrics: QueueInstruments | None = None
+        self._added: dict[str, float] = {}  # key -> when it became due
+        self._started: dict[str, float] = {}  # key -> when its pass began
+
+    def instrument(self, metrics: Metrics, name: str = CONTROLLER) -> None:
+        """Serve this queue's ``workqueue_*`` series under ``name``."""
+        self._metrics = metrics.workqueue(
+            name,
+            depth=lambda: float(len(self._queued) + len(self._dirty)),
+            unfinished=lambda: sum(self._ages(), 0.0),
+            longest=lambda: max(self._ages(), default=0.0),
+        )
+
+    def _ages(self) -> list[float]:
+        now = self._clock()
+        return [now - started for started in self._started.values()]
+
+    def _due(self, key: str) -> None:
+        if self._metrics is not None:
+            self._metrics.adds.inc()
+            self._added.setdefault(key, self._clock())
 
     def __len__(self) -> int:
         return len(self._queued)
@@ -39,14 +78,25 @@ class WorkQueue:
         if self._shutdown:
             return
         if key in self._processing:
-            self._dirty.add(key)
+            if key not in self._dirty:
+                self._due(key)
+                self._dirty.add(key)
             return
         if key in self._queued:
             return
+        self._due(key)
+        self._push(key)
+
+    def _push(self, key: str) -> None:
         self._queued.add(key)
         self._ready.put_nowait(key)
 
-    def add_after(self, key: str, delay: float) -> None:
+    def add_after(self, key: str, delay: float, *, retry: bool = False) -> None:
+        """Add ``key`` after ``delay`` s; ``retry``: a reconcile's requeue (counted)."""
+        if self._shutdown:
+            return
+        if retry and self._metrics is not None:
+            self._metrics.retries.inc()
         if delay <= 0:
             self.add(key)
             return
@@ -69,7 +119,7 @@ class WorkQueue:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
         delay = backoff.delay(failures, base=self.base_delay, cap=self.max_delay)
-        self.add_after(key, delay)
+        self.add_after(key, delay, retry=True)
         return delay
 
     def forget(self, key: str) -> None:
@@ -89,13 +139,23 @@ class WorkQueue:
                 continue
             self._queued.discard(key)
             self._processing.add(key)
+            if self._metrics is not None:
+                now = self._clock()
+                self._started[key] = now
+                added = self._added.pop(key, None)
+                if added is not None:
+                    self._metrics.latency.observe(now - added)
             return key
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
+        started = self._started.pop(key, None)
+        if started is not None and self._metrics is not None:
+            self._metrics.work_duration.observe(self._clock() - started)
         if key in self._dirty:
             self._dirty.discard(key)
-            self.add(key)
+            if not self._shutdown:
+                self._push(key)
 
     async def shutdown(self) -> None:
         self._shutdown = True

@@ -208,7 +208,7 @@ class Reconciler:
     async def _daemonsets(self, record: Memory, pods: tuple[Obj, ...]) -> None:
         """Learn, once per maintenance, whether each DaemonSet owner exists."""
         for pod in pods:
-            owner = podselect.daemonset_owner(pod)
+            owner = podselect.running_daemonset_owner(pod)
             if owner is None or owner in record.daemonsets:
                 continue
             ns, name = owner.split("/", 1)
