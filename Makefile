@@ -11,7 +11,7 @@ BUNDLE_VALIDATE := hack/bundle-validate.sh
 OLM_OUT ?= build/olm
 IMAGE ?=
 
-.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean
+.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image
 
 all: test
 
@@ -45,6 +45,15 @@ lint: $(STAMP) lint-containerfile
 .PHONY: lint-containerfile
 lint-containerfile: $(STAMP)
 	$(BIN)/hadolint Containerfile
+
+# The image's hashed locks (requirements-image.lock, requirements-build.lock),
+# from pyproject.toml and requirements.lock, resolved by pip against PyPI.
+lock-image: $(STAMP)
+	$(BIN)/python hack/lock-image.py
+
+# Re-pin the Containerfile's base image to the current digest of its tag.
+pin-base-image:
+	hack/pin-base-image.sh
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -28,7 +28,7 @@ ValidatingAdmissionPolicy(Binding) dropped, with a note: registry+v1 has no plac
 Anything else the chart may render one day stops the generator with an error
 rather than vanishing from the bundle. What differs from the chart (a webhook's
 ``matchConditions``, the Roles granted cluster-wide) is listed on stderr and
-in docs/install.md, section 9.
+in docs/install.md, section 10.
 
 This is developer tooling: it needs helm and PyYAML, never the nmo package.
 Output: ``<out>/bundle/{manifests,metadata}`` and ``<out>/bundle.Dockerfile``.

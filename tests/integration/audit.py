@@ -139,7 +139,14 @@ class AuditLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.offset = path.stat().st_size
+        # Start after the last complete line: one being written now is not ours
+        # to parse (read from its middle, it is not JSON).
+        with path.open("rb") as fh:
+            size = fh.seek(0, 2)
+            start = max(0, size - (1 << 20))
+            fh.seek(start)
+            tail = fh.read(size - start)
+        self.offset = start + tail.rfind(b"\n") + 1 if b"\n" in tail else size
 
     def read(self) -> list[AuditEvent]:
         """The events logged since the last read."""

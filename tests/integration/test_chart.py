@@ -6,8 +6,12 @@
   ``deployment.enabled=false``), then ``nmo run`` as a subprocess holding a
   token of the chart's ServiceAccount performs a whole maintenance, admitted
   through the chart's webhook configuration, with no 403 in its log; the same
-  account is refused what nmo never does; ``helm upgrade`` and
+  account is refused what nmo never does, by RBAC and, on Nodes, by the
+  chart's ValidatingAdmissionPolicy (``nodePolicy``); ``helm upgrade`` and
   ``helm uninstall`` (which keeps only the CRD).
+* The webhook shape for Kubernetes before 1.28 (no matchConditions, UPDATE a
+  webhook of its own) on the real apiserver: finalizers come off while nmo
+  is down, and nmo still refuses a changed nodeName while it is up.
 
 This module must be the only nmo reconciling while it runs: the session's
 ``operator`` (see operator_fixtures.py) is stopped around the maintenance
@@ -36,6 +40,9 @@ from objects import NM, Api, pod_spec
 from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
+from nmo.api.constants import Messages
+from nmo.core.budget import LEDGER_NAME
+from nmo.core.maintenance import node as nodeplan
 from nmo.sandbox import Sandbox
 from nmo.sandbox.process import run_command
 
@@ -55,6 +62,12 @@ LEASE_NS = c.LEASE_NAMESPACE_DEFAULT
 VWC = "node-maintenance-operator-validating-webhook-configuration"
 VWC_PATH = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{VWC}"
 SCRAPER = "metrics-scraper"
+UPDATE_WEBHOOK = "vnodemaintenance-update.kb.io"
+NODE_POLICY = "node-maintenance-operator-node-changes"
+# The admin client acting as nmo's ServiceAccount (RBAC and admission see that user).
+AS_NMO = {"Impersonate-User": f"system:serviceaccount:{NS}:{SA}"}
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 URL_MODE = [
     "--set",
@@ -75,7 +88,11 @@ EVERYTHING_ON = [
     "--set",
     "prometheusRule.enabled=true",
     "--set",
-    "networkPolicy.enabled=true",
+    "networkPolicy.apiServer.cidrs={10.0.0.10/32}",
+    "--set",
+    "networkPolicy.probesFrom={10.0.0.0/16}",
+    "--set",
+    "nodePolicy.enabled=true",
     "--set",
     "openshift.etcdQuorumGuard=true",
     "--set",
@@ -139,6 +156,34 @@ async def service_account_token(kube: httpx.AsyncClient, namespace: str, name: s
     return str(resp.json()["status"]["token"])
 
 
+async def patch_node_as_nmo(
+    kube: httpx.AsyncClient, node: str, ops: list[dict[str, Any]], *, dry_run: bool = False
+) -> httpx.Response:
+    """A JSON patch of a Node sent as nmo's ServiceAccount."""
+    return await kube.patch(
+        f"/api/v1/nodes/{node}",
+        json=ops,
+        headers={**AS_NMO, **JSON_PATCH},
+        params={"dryRun": "All"} if dry_run else None,
+    )
+
+
+def refused_by_node_policy(resp: httpx.Response) -> bool:
+    return resp.status_code == 403 and f"ValidatingAdmissionPolicy '{NODE_POLICY}'" in resp.text
+
+
+async def node_policy_in_force(kube: httpx.AsyncClient, expected: bool) -> None:
+    """Wait until the apiserver applies (or no longer applies) the chart's node policy."""
+    foreign = [{"op": "add", "path": "/metadata/labels/nmo-policy-probe", "value": "x"}]
+
+    async def settled() -> bool:
+        resp = await patch_node_as_nmo(kube, "node-1", foreign, dry_run=True)
+        assert resp.status_code in (200, 403), resp.text
+        return refused_by_node_policy(resp) is expected
+
+    await wait_for(settled, timeout=30, what=f"the node policy in force: {expected}")
+
+
 class ChartOperator(Operator):
     """``nmo run`` as the chart's ServiceAccount, serving the webhook like a replica would."""
 
@@ -149,6 +194,18 @@ class ChartOperator(Operator):
         self.kubeconfig = kubeconfig
         self.cert_dir = cert_dir
         self.webhook_port = port
+
+    @classmethod
+    async def for_release(cls, sandbox: Sandbox, release: Release, log_dir: Path) -> ChartOperator:
+        """One serving the release's webhook URL, with a token of the chart's ServiceAccount."""
+        kubeconfig = await sandbox.service_account_kubeconfig(NS, SA, log_dir / "kubeconfig")
+        return cls(
+            sandbox,
+            log_dir,
+            kubeconfig=kubeconfig,
+            cert_dir=release.cert_dir,
+            port=release.webhook_port,
+        )
 
     def args(self) -> list[str]:
         return [
@@ -197,6 +254,7 @@ async def release(
         "--set", "webhook.caBundle=" + base64.b64encode(serving.ca_bundle).decode(),
         "--set", f"metrics.readers[0].name={SCRAPER}",
         "--set", f"metrics.readers[0].namespace={NS}",
+        "--set", "nodePolicy.enabled=true",
     ]  # fmt: skip
     lease_ns = await sandbox.kubectl("get", "namespace", LEASE_NS, "--ignore-not-found", "-o=name")
     result = await helm(
@@ -204,6 +262,8 @@ async def release(
     )
     assert result.returncode == 0, describe(result)
     try:
+        async with sandbox.client() as kube:
+            await node_policy_in_force(kube, True)
         yield Release(port, cert_dir, not lease_ns.stdout.strip())
     finally:
         if (await helm("status", RELEASE, "-n", NS)).returncode == 0:
@@ -233,7 +293,10 @@ async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release
         ("patch", "nodemaintenances.nodemaintenance.medik8s.io", "--subresource=status"),
         ("create", "leases.coordination.k8s.io", "-n", LEASE_NS),
         ("delete", "leases.coordination.k8s.io", "-n", LEASE_NS),
-        ("update", "leases.coordination.k8s.io", "-n", NS),
+        ("get", f"leases.coordination.k8s.io/{c.LEADER_ELECTION_ID}", "-n", NS),
+        ("update", f"leases.coordination.k8s.io/{c.LEADER_ELECTION_ID}", "-n", NS),
+        ("update", f"leases.coordination.k8s.io/{LEDGER_NAME}", "-n", NS),
+        ("create", "leases.coordination.k8s.io", "-n", NS),
         ("create", "events", "-n", "default"),
         ("patch", "events", "-n", "default"),
         ("create", "tokenreviews.authentication.k8s.io"),
@@ -251,6 +314,13 @@ async def test_guide_lease_command_and_least_privilege(sandbox: Sandbox, release
         ("update", "leases.coordination.k8s.io", "-n", "kube-node-lease"),
         ("update", "leases.coordination.k8s.io", "-n", "kube-system"),
         ("delete", "leases.coordination.k8s.io", "-n", NS),
+        # The leader-election Role names its two Leases (issue 14 item 10).
+        ("update", "leases.coordination.k8s.io", "-n", NS),
+        ("update", "leases.coordination.k8s.io/someone-elses-lock", "-n", NS),
+        ("get", "leases.coordination.k8s.io/someone-elses-lock", "-n", NS),
+        ("list", "leases.coordination.k8s.io", "-n", NS),
+        # The chart creates the lease namespace (leases.createNamespace).
+        ("create", "namespaces"),
         ("create", "events", "-n", "kube-system"),
         ("create", "nodemaintenances.nodemaintenance.medik8s.io"),
         ("update", "daemonsets.apps", "-n", "kube-system"),
@@ -282,13 +352,7 @@ async def test_maintenance_under_the_charts_service_account(
         f"/api/v1/namespaces/{NS}/serviceaccounts",
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SCRAPER}},
     )
-    op = ChartOperator(
-        sandbox,
-        tmp_path,
-        kubeconfig=await sandbox.service_account_kubeconfig(NS, SA, tmp_path / "kubeconfig"),
-        cert_dir=release.cert_dir,
-        port=release.webhook_port,
-    )
+    op = await ChartOperator.for_release(sandbox, release, tmp_path)
     CURRENT.append(op)  # its log is attached to a failure report
     try:
         await op.start()
@@ -456,6 +520,220 @@ async def test_with_nmo_down_creates_fail_closed_but_finalizers_can_be_removed(
     await wait_for(gone, timeout=30, what="the stuck CR to go away once its finalizer is removed")
 
 
+async def test_node_policy_lets_nmo_change_only_its_marks(
+    kube: httpx.AsyncClient, helm: Helm, release: Release, node_factory: NodeFactory
+) -> None:
+    """The ValidatingAdmissionPolicy (nodePolicy) on the real apiserver, as nmo's account.
+
+    nmo's own enter and leave patches (nmo.core.maintenance.node) pass; every
+    other change of the Node by that account is refused, though RBAC alone
+    allows it (shown with the policy off); the admin is never limited.
+    """
+    api = Api(kube)
+    (node,) = await node_factory(1)
+    # An admin's marks, which nmo must leave alone.
+    await api.merge(
+        f"/api/v1/nodes/{node}",
+        {
+            "metadata": {"labels": {"team": "infra"}, "annotations": {"owner": "ops"}},
+            "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+        },
+    )
+    before = await api.node(node)
+    taints = before["spec"]["taints"]
+    exclude = c.EXCLUDE_FROM_REMEDIATION_LABEL.replace("/", "~1")
+    forbidden: dict[str, list[dict[str, Any]]] = {
+        "another label": [{"op": "add", "path": "/metadata/labels/pwned", "value": "yes"}],
+        "an admin's label removed": [{"op": "remove", "path": "/metadata/labels/team"}],
+        "the exclude label set to false": [
+            {"op": "add", "path": f"/metadata/labels/{exclude}", "value": "false"}
+        ],
+        "an annotation": [{"op": "add", "path": "/metadata/annotations/pwned", "value": "x"}],
+        "another taint": [
+            {"op": "add", "path": "/spec/taints/-", "value": {"key": "x", "effect": "NoSchedule"}}
+        ],
+        "an admin's taint removed": [{"op": "replace", "path": "/spec/taints", "value": []}],
+        "a maintenance taint key with NoExecute": [
+            {
+                "op": "add",
+                "path": "/spec/taints/-",
+                "value": {"key": c.DRAIN_TAINT_KEY, "effect": "NoExecute"},
+            }
+        ],
+        "spec.providerID": [{"op": "add", "path": "/spec/providerID", "value": "kwok://x"}],
+        "a finalizer": [{"op": "add", "path": "/metadata/finalizers", "value": ["x.io/hold"]}],
+    }
+    answers = {what: await patch_node_as_nmo(kube, node, ops) for what, ops in forbidden.items()}
+    wrong = {
+        what: (resp.status_code, resp.text[:300])
+        for what, resp in answers.items()
+        if not refused_by_node_policy(resp)
+    }
+    assert not wrong, f"nmo's ServiceAccount may change Nodes beyond its marks: {wrong}"
+    assert "may change only the label" in answers["another label"].text
+    assert "only the taints" in answers["another taint"].text
+    after = await api.node(node)
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["spec"]["taints"] == taints
+
+    # nmo's real patches: into maintenance (with its prior-state record on the
+    # node) and out of it (the record removed), the admin's marks kept.
+    entered = await patch_node_as_nmo(
+        kube, node, nodeplan.enter_patch(after, record_for="uid-of-the-cr") or []
+    )
+    assert entered.status_code == 200, entered.text
+    inside = entered.json()
+    assert nodeplan.in_maintenance(inside)
+    prior = nodeplan.prior_for(inside, "uid-of-the-cr")
+    assert prior is not None
+    undo = nodeplan.leave_patch(inside, prior, forget=True) or []
+    left = await patch_node_as_nmo(kube, node, undo)
+    assert left.status_code == 200, left.text
+    restored = left.json()
+    assert restored["spec"]["taints"] == taints
+    assert restored["metadata"]["labels"] == before["metadata"]["labels"]
+    assert restored["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert not restored["spec"].get("unschedulable")
+
+    # The admin is not limited.
+    admin = await kube.patch(
+        f"/api/v1/nodes/{node}", json=forbidden["another label"], headers=JSON_PATCH
+    )
+    assert admin.status_code == 200, admin.text
+
+    # Without the policy, RBAC alone lets nmo's account do it: what the policy adds.
+    off = await helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+        "--set", "nodePolicy.enabled=false", "--wait",
+    )  # fmt: skip
+    assert off.returncode == 0, describe(off)
+    try:
+        await node_policy_in_force(kube, False)
+        unguarded = await patch_node_as_nmo(kube, node, forbidden["an annotation"])
+        assert unguarded.status_code == 200, unguarded.text
+    finally:
+        on = await helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            "--set", "nodePolicy.enabled=true", "--wait",
+        )  # fmt: skip
+        assert on.returncode == 0, describe(on)
+        await node_policy_in_force(kube, True)
+
+
+async def test_before_1_28_finalizers_come_off_while_nmo_is_down(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    helm: Helm,
+    release: Release,
+    sole_operator: None,
+    node_factory: NodeFactory,
+    tmp_path: Path,
+) -> None:
+    """The webhook shape the chart renders for Kubernetes 1.23-1.27, on the real apiserver.
+
+    No matchConditions: CREATE fails closed, UPDATE is a webhook of its own
+    with failurePolicy Ignore. With nmo up, every UPDATE reaches it: a
+    changed nodeName is refused, anything else admitted. With nmo down, the
+    guide's section 6 (remove the finalizer, the CR goes) still works, and
+    would not with failurePolicy Fail on UPDATE.
+    """
+    api = Api(kube)
+    (node,) = await node_factory(1)
+    name = f"nm-legacy-{uuid.uuid4().hex[:6]}"
+    path = f"{NM}/{name}"
+    body = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.KIND,
+        "metadata": {"name": name, "finalizers": [c.FINALIZER]},
+        "spec": {"nodeName": node},
+    }
+
+    async def upgrade(*values: str) -> str:
+        result = await helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values", *values, "--wait"
+        )
+        assert result.returncode == 0, describe(result)
+        return result.stdout
+
+    async def label(value: str) -> httpx.Response:
+        return await kube.patch(
+            path, json={"metadata": {"labels": {"probe": value}}}, headers=MERGE_PATCH
+        )
+
+    op = await ChartOperator.for_release(sandbox, release, tmp_path)
+    notes = await upgrade("--set", "webhook.matchConditions=false")
+    try:
+        assert f"UPDATEs go to {UPDATE_WEBHOOK} (failurePolicy Ignore)" in notes, notes
+        vwc = (await kube.get(VWC_PATH)).json()
+        hooks = {h["name"]: h for h in vwc["webhooks"]}
+        assert list(hooks) == [c.WEBHOOK_NAME, UPDATE_WEBHOOK]
+        assert [h["rules"][0]["operations"] for h in hooks.values()] == [["CREATE"], ["UPDATE"]]
+        assert [h["failurePolicy"] for h in hooks.values()] == ["Fail", "Ignore"]
+        assert not any("matchConditions" in h for h in hooks.values())
+
+        # nmo up: the CR is admitted, and every UPDATE now reaches the webhook.
+        CURRENT.append(op)
+        await op.start()
+        created = await sandbox.kubectl("create", "-f", "-", input=json.dumps(body))
+        assert created.returncode == 0, describe(created)
+        allowed_line = f'"msg": "maintenance UPDATE for node {node} allowed"'
+
+        async def label_went_through_nmo() -> bool:
+            resp = await label(uuid.uuid4().hex[:8])
+            assert resp.status_code == 200, resp.text
+            return allowed_line in op.logs()
+
+        await wait_for(label_went_through_nmo, timeout=30, what="an UPDATE admitted by nmo")
+        moved = await kube.patch(path, json={"spec": {"nodeName": "node-2"}}, headers=MERGE_PATCH)
+        assert moved.status_code == 403, moved.text
+        assert Messages.WEBHOOK_NODENAME_CHANGED in moved.text
+        op.kill(signal.SIGTERM)
+
+        # nmo down: a new CR fails closed ...
+        stray = {**body, "metadata": {"name": f"{name}-x"}}
+        refused = await kube.post(NM, json=stray)
+        assert refused.status_code == 500 and "failed calling webhook" in refused.text
+        # ... UPDATEs are admitted unchecked (the documented price of Ignore) ...
+        assert (await label("down")).status_code == 200
+        unchecked = await api.merge(path, {"spec": {"nodeName": f"{node}-typo"}})
+        assert unchecked["spec"]["nodeName"] == f"{node}-typo"
+        await api.merge(path, {"spec": {"nodeName": node}})
+
+        # ... where UPDATE failing closed would block the guide's section 6:
+        await upgrade("--set", "webhook.updateFailurePolicy=Fail")
+
+        async def update_fails_closed() -> bool:
+            resp = await label("closed")
+            return resp.status_code == 500 and "failed calling webhook" in resp.text
+
+        await wait_for(update_fails_closed, timeout=30, what="UPDATE to fail closed")
+        await upgrade("--set", "webhook.updateFailurePolicy=Ignore")
+
+        async def update_admitted() -> bool:
+            return (await label("open")).status_code == 200
+
+        await wait_for(update_admitted, timeout=30, what="UPDATE to be admitted again")
+        await api.delete(path)
+        removed = await api.merge(path, {"metadata": {"finalizers": []}})
+        assert removed["metadata"]["name"] == name
+
+        async def gone() -> bool:
+            return await api.nm(name) is None
+
+        await wait_for(gone, timeout=30, what="the CR to go once its finalizer is removed")
+    finally:
+        op.kill(signal.SIGTERM)
+        if op in CURRENT:
+            CURRENT.remove(op)
+        if await api.nm(name) is not None:
+            await api.merge(path, {"metadata": {"finalizers": []}})
+            await api.delete(path)
+        await upgrade(
+            "--set", "webhook.matchConditions=auto", "--set", "webhook.updateFailurePolicy=Ignore"
+        )
+
+
 async def test_upgrade_with_changed_values(
     sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm, release: Release
 ) -> None:
@@ -501,7 +779,9 @@ async def test_uninstall_leaves_only_the_crd(
     assert left.stdout.strip() == "", f"left behind by helm uninstall:\n{left.stdout}"
     labelled = await sandbox.kubectl(
         "get", "all,roles,rolebindings,clusterroles,clusterrolebindings,"
-        "validatingwebhookconfigurations,secrets,serviceaccounts,poddisruptionbudgets",
+        "validatingwebhookconfigurations,validatingadmissionpolicies,"
+        "validatingadmissionpolicybindings,secrets,serviceaccounts,poddisruptionbudgets,"
+        "networkpolicies",
         "--all-namespaces", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name",
     )  # fmt: skip
     assert labelled.stdout.strip() == "", labelled.stdout
@@ -563,13 +843,18 @@ async def test_generated_certificate_is_kept_across_upgrades(
 
 
 @pytest.mark.parametrize(
-    "values",
-    [*MODES.values(), EVERYTHING_ON],
-    ids=[*MODES, "everything-on"],
+    ("values", "kube_version"),
+    [
+        *((values, "") for values in MODES.values()),
+        (EVERYTHING_ON, ""),
+        ([], "1.23.0"),
+        (["--set", "webhook.certManager.enabled=false"], "1.27.4"),
+    ],
+    ids=[*MODES, "everything-on", "kubernetes-1.23", "kubernetes-1.27"],
 )
-async def test_lint_strict(helm: Helm, values: list[str]) -> None:
+async def test_lint_strict(helm: Helm, values: list[str], kube_version: str) -> None:
     result = await helm(
-        "lint", "--strict", str(CHART), "--kube-version", helm.kube_version, *values
+        "lint", "--strict", str(CHART), "--kube-version", kube_version or helm.kube_version, *values
     )
     assert result.returncode == 0, describe(result)
     assert "[WARNING]" not in result.stdout + result.stderr, describe(result)
@@ -620,7 +905,7 @@ async def test_template_accepted_by_the_apiserver(
         "Role", "RoleBinding", "ValidatingWebhookConfiguration",
     }  # fmt: skip
     if mode != "webhook-url":
-        expected |= {"Deployment", "Service", "PodDisruptionBudget"}
+        expected |= {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
     expected |= {"cert-manager": {"Issuer", "Certificate"}, "helm-generated": {"Secret"}}.get(
         mode, set()
     )
@@ -628,6 +913,51 @@ async def test_template_accepted_by_the_apiserver(
     result = await sandbox.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
     assert result.returncode == 0, describe(result)
     assert "(server dry run)" in result.stdout
+
+
+async def test_network_policy_learns_the_apiservers_addresses(
+    sandbox: Sandbox, kube: httpx.AsyncClient, helm: Helm
+) -> None:
+    """Helm's lookup of EndpointSlice default/kubernetes (``helm install``, or
+    ``helm template --dry-run=server``) fills the apiserver's ipBlocks.
+
+    The sandbox's apiserver publishes no endpoints (it listens on loopback),
+    so the test writes the EndpointSlice a real apiserver keeps; the policy is
+    then checked by the apiserver (server dry run). No CNI here enforces it.
+    """
+    slice_path = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
+    published = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "labels": {"kubernetes.io/service-name": "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.10"]}, {"addresses": ["192.0.2.11"]}],
+        "ports": [{"name": "https", "port": 6443, "protocol": "TCP"}],
+    }
+    if (await kube.get(f"{slice_path}/kubernetes")).status_code == 200:
+        pytest.fail("the sandbox's apiserver publishes endpoints now: use them", pytrace=False)
+    assert (await kube.post(slice_path, json=published)).status_code == 201
+    try:
+        result = await helm(
+            "template", RELEASE, str(CHART), "-n", NS, "--dry-run=server",
+            "--show-only", "templates/networkpolicy.yaml",
+        )  # fmt: skip
+        assert result.returncode == 0, describe(result)
+    finally:
+        await kube.delete(f"{slice_path}/kubernetes")
+    (np,) = [d for d in yaml.safe_load_all(result.stdout) if d]
+    cluster_ip = (await kube.get("/api/v1/namespaces/default/services/kubernetes")).json()
+    webhook_rule = next(r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == 9443)
+    sources = [p["ipBlock"]["cidr"] for p in webhook_rule["from"]]
+    assert sources == ["192.0.2.10/32", "192.0.2.11/32"]
+    apiserver = np["spec"]["egress"][0]
+    assert [p["port"] for p in apiserver["ports"]] == [6443, 443]
+    destinations = [p["ipBlock"]["cidr"] for p in apiserver["to"]]
+    assert destinations == [*sources, cluster_ip["spec"]["clusterIP"] + "/32"]
+    assert "looked up" in np["metadata"]["annotations"]["nmo.medik8s.io/api-server"]
+    await ensure_namespace(sandbox, NS)
+    checked = await sandbox.kubectl("apply", "--dry-run=server", "-f", "-", input=result.stdout)
+    assert checked.returncode == 0, describe(checked)
 
 
 async def test_deployment_matches_the_guide(helm: Helm) -> None:

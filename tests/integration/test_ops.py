@@ -22,6 +22,9 @@ import pytest
 from objects import LEASES, NM, Api, pdb, pod_spec, uid
 from operator_fixtures import CURRENT, Operator, wait_for
 
+from nmo.core.errors import Conflict
+from nmo.core.kube import Kube
+from nmo.ops import cleanup as cl
 from nmo.sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
@@ -485,35 +488,122 @@ async def test_cleanup_after_the_operator_died(
         await CURRENT[-1].start()
 
 
-async def test_cleanup_refuses_while_a_leader_is_alive(
+async def test_cleanup_keeps_an_admins_exclude_label(
     operator: Operator, sandbox: Sandbox, api: Api, node_factory: Any
 ) -> None:
+    """A label with no sign that a maintenance set it (no record, no drain taint,
+    no lease of ours) is an admin's decision to keep remediation away."""
+    (target,) = await node_factory(1)
+    CURRENT[-1].kill()
+    name = f"stuck-{uid()}"
+    try:
+        await api.merge(f"/api/v1/nodes/{target}", {"metadata": {"labels": {LABEL: "true"}}})
+        await api.create(
+            NM,
+            {
+                "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+                "kind": "NodeMaintenance",
+                "metadata": {"name": name, "finalizers": [FINALIZER]},
+                "spec": {"nodeName": target},
+            },
+        )
+        kc = str(sandbox.kubeconfig)
+        result = await nmo("cleanup", target, "--yes", "--force", "--kubeconfig", kc)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"label {LABEL} shows no sign that a maintenance set it" in result.stdout
+        assert (await api.node(target))["metadata"]["labels"].get(LABEL) == "true"
+    finally:
+        await api.merge(f"/api/v1/nodes/{target}", {"metadata": {"labels": {LABEL: None}}})
+        await remove_nm(api, name)
+        await CURRENT[-1].start()
+
+
+async def test_cleanup_never_deletes_a_cr_recreated_under_the_same_name(
+    operator: Operator, sandbox: Sandbox, api: Api, node_factory: Any
+) -> None:
+    """The plan the user confirmed names one object; a DELETE by name alone would
+    remove whatever carries that name by the time it runs."""
+    (target,) = await node_factory(1)
+    CURRENT[-1].kill()
+    name = f"recreated-{uid()}"
+    body = {
+        "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": name},
+        "spec": {"nodeName": target},
+    }
+    kube = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
+    try:
+        first = await api.create(NM, body)
+        seen = await cl.observe(
+            kube, target, lease_namespace="medik8s-leases", operator_namespace=OPERATOR_NS
+        )
+        plan = cl.plan_cleanup(
+            target,
+            node=seen.node,
+            maintenances=seen.maintenances,
+            lease=seen.lease,
+            lease_namespace="medik8s-leases",
+            delete_maintenances=True,
+        )
+        assert plan.deletions == ((name, first["metadata"]["uid"]),)
+        await remove_nm(api, name)
+        second = await api.create(NM, body)
+        with pytest.raises(Conflict):
+            await cl.execute(kube, plan, lease_namespace="medik8s-leases")
+        still = await api.nm(name)
+        assert still is not None and still["metadata"]["uid"] == second["metadata"]["uid"]
+    finally:
+        await kube.close()
+        await remove_nm(api, name)
+        await CURRENT[-1].start()
+
+
+async def test_cleanup_judges_the_leader_by_its_renewals_not_by_clocks(
+    operator: Operator, sandbox: Sandbox, api: Api, node_factory: Any
+) -> None:
+    """A leader renewing with a clock far behind is alive; a dead one whose clock ran
+    ahead is not (comparing renewTime with this machine's clock got both wrong)."""
     (target,) = await node_factory(1)
     await api.merge(f"/api/v1/nodes/{target}", {"spec": {"taints": [OUR_TAINTS[1]]}})
     await ensure_namespace(api, OPERATOR_NS)
     leader_path = f"/apis/coordination.k8s.io/v1/namespaces/{OPERATOR_NS}/leases"
     await api.delete(f"{leader_path}/{LEADER_LEASE}")
+    behind = "2000-01-01T00:00:00.000000Z"
     await api.create(
         leader_path,
         {
             "metadata": {"name": LEADER_LEASE},
-            "spec": {
-                "holderIdentity": "nmo-elsewhere",
-                "leaseDurationSeconds": 300,
-                "acquireTime": micro_now(),
-                "renewTime": micro_now(),
-            },
+            "spec": {"holderIdentity": "nmo-elsewhere", "leaseDurationSeconds": 15,
+                     "acquireTime": behind, "renewTime": behind},
         },
-    )
+    )  # fmt: skip
+    renewals = 0
+
+    async def renew_with_a_slow_clock() -> None:
+        nonlocal renewals
+        while True:
+            await api.merge(
+                f"{leader_path}/{LEADER_LEASE}", {"spec": {"leaseTransitions": renewals}}
+            )
+            renewals += 1
+            await asyncio.sleep(1)
+
     kc = str(sandbox.kubeconfig)
+    renewer = asyncio.create_task(renew_with_a_slow_clock())
     try:
         refused = await nmo("cleanup", target, "--yes", "--kubeconfig", kc)
-        assert refused.returncode == 1
+        assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "nmo-elsewhere" in refused.stderr and "Delete the NodeMaintenance" in refused.stderr
         assert (await api.node(target))["spec"].get("taints") == [OUR_TAINTS[1]]
-
-        forced = await nmo("cleanup", target, "--yes", "--force", "--kubeconfig", kc)
-        assert forced.returncode == 0, forced.stderr
+        assert renewals >= 1
+    finally:
+        renewer.cancel()
+    try:
+        ahead = "2099-01-01T00:00:00.000000Z"  # the leader died; its clock was ahead
+        await api.merge(f"{leader_path}/{LEADER_LEASE}", {"spec": {"renewTime": ahead}})
+        result = await nmo("cleanup", target, "--yes", "--kubeconfig", kc)
+        assert result.returncode == 0, result.stdout + result.stderr
         assert not (await api.node(target))["spec"].get("taints")
     finally:
         await api.delete(f"{leader_path}/{LEADER_LEASE}")
@@ -547,7 +637,8 @@ async def test_status_json_for_a_succeeded_maintenance(
 ) -> None:
     (target,) = await node_factory(1)
     name = f"status-{uid()}"
-    await api.create_nm(name, target)
+    reason = "[/] [link=https://evil.example/]see[/link]"  # a CR author's text, not markup
+    await api.create_nm(name, target, reason=reason)
     kc = str(sandbox.kubeconfig)
     try:
         await wait_phase(api, name, "Succeeded")
@@ -572,7 +663,9 @@ async def test_status_json_for_a_succeeded_maintenance(
         assert json.loads(by_node.stdout)["items"][0]["name"] == name
 
         text = await nmo("status", name, "--kubeconfig", kc)
-        assert text.returncode == 0 and "Succeeded" in text.stdout and "100%" in text.stdout
+        assert text.returncode == 0, text.stderr
+        assert "Succeeded" in text.stdout and "100%" in text.stdout
+        assert reason in text.stdout
 
         missing = await nmo("status", f"missing-{uid()}", "--kubeconfig", kc)
         assert missing.returncode == 1 and "not found" in missing.stderr

@@ -13,12 +13,12 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 from operator_fixtures import wait_for as until
+from webhook_replica import WebhookReplica
 
 from nmo.api.constants import (
     CONTROL_PLANE_ROLE_LABEL,
@@ -26,18 +26,18 @@ from nmo.api.constants import (
     ETCD_GUARD_PDB_OLD,
     ETCD_NAMESPACE,
     WEBHOOK_NAME,
-    WEBHOOK_PATH,
     Messages,
 )
 from nmo.api.crd import crd
 from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
 from nmo.core.watch import Informer
 from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
-from nmo.webhooks.servers import Servers, ServerSettings
+from nmo.webhooks.validators import validate_create
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from conftest import NodeFactory
 
 pytestmark = pytest.mark.integration
@@ -80,14 +80,7 @@ async def install_crd(kube: httpx.AsyncClient, body: Json) -> None:
     await until(established, what=f"CRD {name} to be established")
 
 
-@dataclass
-class Webhook:
-    servers: Servers
-    metrics: Metrics
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.servers.ports['webhook']}{WEBHOOK_PATH}"
+Webhook = WebhookReplica
 
 
 async def dry_run_missing_node(kube: httpx.AsyncClient) -> httpx.Response:
@@ -105,29 +98,10 @@ async def webhook(
         await install_crd(kube, crd())
         certs = tmp_path_factory.mktemp("webhook-certs")
         serving = sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="apiserver")
-        client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
-        nodes = Informer(client, NODES_PATH, name="nodes")
-        maintenances = Informer(client, MAINTENANCES_PATH, name="nodemaintenances")
         # openshift_ttl=0: the quorum test flips discovery on and off.
-        lookups = build_lookups(
-            client,
-            nodes=nodes,
-            maintenances=maintenances,
-            settings=LookupSettings(openshift_ttl=0.0),
+        hook = await WebhookReplica.start(
+            sandbox, certs, settings=LookupSettings(openshift_ttl=0.0)
         )
-        informers = [asyncio.create_task(i.run(), name=i.name) for i in (nodes, maintenances)]
-        metrics = Metrics()
-        settings = ServerSettings(
-            bind_address="127.0.0.1",
-            webhook_port=0,
-            probes_port=None,
-            metrics_port=None,
-            cert_dir=certs,
-            graceful_shutdown_seconds=1,
-        )
-        servers = Servers(settings, kube=client, lookups=lookups, metrics=metrics)
-        await servers.start()
-        hook = Webhook(servers, metrics)
         name = unique("nmo-test")
         await ensure(
             kube,
@@ -175,11 +149,7 @@ async def webhook(
 
             # A stale Fail-policy webhook would refuse every later test's CRs.
             await until(gone, what="the apiserver to stop calling the webhook")
-            await servers.stop()
-            for task in informers:
-                task.cancel()
-            await asyncio.gather(*informers, return_exceptions=True)
-            await client.close()
+            await hook.stop()
 
 
 async def kubectl_create(sandbox: Sandbox, obj: Json) -> tuple[int, str]:
@@ -298,6 +268,38 @@ async def test_fifty_concurrent_creates_admit_exactly_one(
             await kube.delete(f"{NM}/{name}")
 
 
+async def test_a_failed_node_lookup_reads_as_the_go_nmo_with_the_api_error(
+    sandbox: Sandbox, namespace: str, node_factory: NodeFactory, tmp_path: Path
+) -> None:
+    """The Go NMO wraps the client's error twice: ``could not get node for
+    validating spec.NodeName, please try again: could not get node: <err>``,
+    ``<err>`` being the API server's Status message. A ServiceAccount that may
+    not read Nodes gets exactly that from the real API server."""
+    (node,) = await node_factory(1)
+    kubeconfig = await sandbox.service_account_kubeconfig(
+        namespace, "default", tmp_path / "sa.kubeconfig"
+    )
+    client = await Kube.connect(kubeconfig=str(kubeconfig))
+    try:
+        # The caches never sync without RBAC: the node is looked up with a GET.
+        lookups = build_lookups(
+            client,
+            nodes=Informer(client, NODES_PATH, name="nodes"),
+            maintenances=Informer(client, MAINTENANCES_PATH, name="nodemaintenances"),
+        )
+        decision = await validate_create(nm(unique("nm"), node), lookups, claimant="test")
+    finally:
+        await client.close()
+    user = f"system:serviceaccount:{namespace}:default"
+    assert not decision.allowed
+    assert decision.result == "error"
+    assert decision.message == (
+        "could not get node for validating spec.NodeName, please try again: "
+        f'could not get node: nodes "{node}" is forbidden: User "{user}" '
+        'cannot get resource "nodes" in API group "" at the cluster scope'
+    )
+
+
 # -- OpenShift etcd quorum ----------------------------------------------------------
 
 PDBS = f"/apis/policy/v1/namespaces/{ETCD_NAMESPACE}/poddisruptionbudgets"
@@ -374,6 +376,18 @@ async def disruptions(kube: httpx.AsyncClient, *, healthy: int, allowed: int) ->
     await until(computed, what=f"the PDB to show {healthy} healthy, {allowed} allowed")
 
 
+async def set_guard_conditions(kube: httpx.AsyncClient, node: str, conditions: list[Json]) -> None:
+    """Replace the guard pod's conditions (a merge patch replaces the whole list)."""
+    resp = await kube.patch(
+        f"{PODS}/guard-{node}/status",
+        json={"status": {"conditions": conditions}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    stored = [(c["type"], c["status"]) for c in resp.json()["status"]["conditions"]]
+    assert stored == [(c["type"], c["status"]) for c in conditions]
+
+
 async def admitted(kube: httpx.AsyncClient, node: str) -> str:
     """Create a CR for the node: "" when admitted (then deleted), else the refusal."""
     name = unique("q")
@@ -429,6 +443,14 @@ async def test_openshift_quorum_matrix(
         await disruptions(kube, healthy=2, allowed=0)
         assert await admitted(kube, a) == ""  # its guard is not Ready
         assert await admitted(kube, b) == refused[b]  # guard Ready, 0 allowed
+
+        # medik8s/common reads a guard pod without any Ready condition as not
+        # Ready (allowed), and a Ready condition Unknown as Ready (refused).
+        await set_guard_conditions(kube, a, [{"type": "PodScheduled", "status": "True"}])
+        assert await admitted(kube, a) == ""
+        await set_guard_conditions(kube, a, [{"type": "Ready", "status": "Unknown"}])
+        assert await admitted(kube, a) == refused[a]
+        await set_guard_conditions(kube, a, [{"type": "Ready", "status": "False"}])
         assert await admitted(kube, unguarded) == ""  # no guard pod on the node
         assert await admitted(kube, worker) == ""  # not a control-plane node
 

@@ -208,3 +208,52 @@ async def test_forced_deletion_answers(
     if deleted:
         assert await evictor.force_delete(record, pod("p", uid="u9"), 30) is False
         assert route.call_count == 1
+
+
+# -- Retry-After beyond the backoff cap (B2) ---------------------------------------
+
+
+def throttled(*, header: str | None, body_seconds: int | None) -> httpx.Response:
+    """A 429 as an admission webhook on pods/eviction (or a proxy) may answer."""
+    status: dict[str, Any] = {"reason": "TooManyRequests", "message": "come back later"}
+    if body_seconds is not None:
+        status["details"] = {"retryAfterSeconds": body_seconds}
+    headers = {} if header is None else {"Retry-After": header}
+    return httpx.Response(429, headers=headers, json=status)
+
+
+@pytest.mark.parametrize(
+    ("response", "wait"),
+    [
+        pytest.param(throttled(header="40", body_seconds=40), 40, id="header and body"),
+        pytest.param(throttled(header=None, body_seconds=40), 40, id="body only"),
+        pytest.param(throttled(header="25", body_seconds=None), 25, id="header only"),
+        pytest.param(throttled(header="30", body_seconds=40), 30, id="header wins"),
+        pytest.param(throttled(header=None, body_seconds=100000), 300, id="bounded at 300 s"),
+    ],
+)
+async def test_retry_after_above_the_cap_is_honoured(
+    api_server: respx.MockRouter, kube: Kube, response: httpx.Response, wait: float
+) -> None:
+    """The server's wait holds even beyond the 15 s backoff cap, read from the
+    Retry-After header or, without one, from the Status's
+    ``details.retryAfterSeconds``.
+
+    The Go NMO's drain (kubectl's helper) retries a 429 after a fixed 5 s;
+    client-go honours only the header, and sleeps in the reconcile worker.
+    Here the pod is simply not due before the wait is over, and no task waits.
+    """
+    api_server.post(eviction("p")).mock(return_value=response)
+    record, _, _ = await drive(kube, [pod("p")])
+    assert not record.evictions  # nothing holds on while the pod waits
+    report = look(record, [pod("p")]).report
+    assert report.next_wake is not None
+    assert wait - 0.5 <= report.next_wake <= wait + 0.01
+    assert report.next_wake > 15  # beyond Evictor's max_backoff
+
+
+async def test_without_retry_after_the_cap_holds(api_server: respx.MockRouter, kube: Kube) -> None:
+    api_server.post(eviction("p")).mock(return_value=throttled(header=None, body_seconds=None))
+    record, _, _ = await drive(kube, [pod("p")])
+    report = look(record, [pod("p")]).report
+    assert report.next_wake is not None and report.next_wake <= 15

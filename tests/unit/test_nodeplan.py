@@ -104,3 +104,33 @@ def test_nothing_to_undo_gives_no_patch() -> None:
 @pytest.mark.parametrize("value", [None, "", "not json", "[]"])
 def test_bad_prior_annotation_is_ignored(value: str | None) -> None:
     assert nodeplan.PriorState.from_annotation(value) is None
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        node(),
+        node(labels={"a": "b"}, taints=[OTHER]),
+        node(unschedulable=True, taints=[UNSCHED]),
+        node(taints=[DRAIN, OTHER], labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+    ],
+)
+def test_the_first_take_records_the_node_on_the_node(before: dict[str, Any]) -> None:
+    """The record rides in the patch that first changes the node, bound to the CR."""
+    during = apply_patch(before, nodeplan.enter_patch(before, record_for="uid-a") or [])
+    assert nodeplan.in_maintenance(during)
+    prior = nodeplan.prior_for(during, "uid-a")
+    assert prior == nodeplan.PriorState(
+        unschedulable=nodeplan.is_cordoned(before),
+        taints=nodeplan.prior_state(before).taints,
+        label=nodeplan.has_label(before),
+        maintenance="uid-a",
+    )
+    assert nodeplan.prior_for(during, "uid-b") is None, "bound to the CR that took the node"
+    assert nodeplan.enter_patch(during, record_for="uid-a") is None, "recorded once"
+    kept = apply_patch(during, nodeplan.leave_patch(during, prior) or [])
+    assert nodeplan.prior_for(kept, "uid-a") == prior, "a Failed CR keeps its record"
+    after = apply_patch(during, nodeplan.leave_patch(during, prior, forget=True) or [])
+    assert nodeplan.recorded_prior(after) is None
+    assert after["spec"].get("taints", []) == before["spec"].get("taints", [])
+    assert bool(after["spec"].get("unschedulable")) == nodeplan.is_cordoned(before)

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from nmo.api import constants as c
+from nmo.core.errors import NotFound
 from nmo.core.maintenance.node import PriorState
-from nmo.ops.cleanup import Plan, StepKind, leader_alive, plan_cleanup, same_or_smaller
+from nmo.ops.cleanup import (
+    Plan,
+    StepKind,
+    leader_alive,
+    plan_cleanup,
+    same_or_smaller,
+    watch_leader,
+)
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
@@ -25,11 +33,12 @@ def node(
     taints: list[dict[str, Any]] | None = None,
     cordoned: bool = False,
     labels: dict[str, str] | None = None,
+    prior: PriorState | None = None,
 ) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})},
-        "spec": {"unschedulable": cordoned, "taints": list(taints or [])},
-    }
+    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})}
+    if prior is not None:  # nmo's record, on the node
+        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
+    return {"metadata": meta, "spec": {"unschedulable": cordoned, "taints": list(taints or [])}}
 
 
 def nm(
@@ -41,6 +50,7 @@ def nm(
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
+        "uid": f"uid-{name}",
         "resourceVersion": "3",
         "creationTimestamp": "2026-01-01T10:00:00Z",
         "finalizers": list(finalizers),
@@ -105,20 +115,56 @@ def kinds(p: Plan) -> list[StepKind]:
             id="foreign-taints-kept",
         ),
         pytest.param(
-            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
-            [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
+            node(
+                taints=[UNSCHED, DRAIN],
+                cordoned=True,
+                labels=BOTH_LABELS,
+                prior=PriorState(
+                    unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,), maintenance="uid-nm-1"
+                ),
+            ),
+            [],
             [UNSCHED],
             True,
             {},
-            id="prior-cordon-kept",
+            id="prior-cordon-kept-even-with-the-cr-gone",
         ),
         pytest.param(
-            node(taints=[DRAIN], cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
-            [nm(prior=PriorState(label=True))],
+            node(
+                taints=[DRAIN],
+                cordoned=True,
+                labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+                prior=PriorState(label=True),
+            ),
+            [nm()],
             [],
             False,
             {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
             id="prior-label-kept",
+        ),
+        pytest.param(
+            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
+            [],
+            False,
+            {},
+            id="prior-state-on-a-cr-is-not-trusted",
+        ),
+        pytest.param(
+            node(labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            [nm()],
+            [],
+            False,
+            {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+            id="admin-exclude-label-without-sign-of-maintenance-kept",
+        ),
+        pytest.param(
+            node(cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            [],
+            [],
+            True,
+            {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+            id="admin-cordon-and-exclude-label-left-alone",
         ),
         pytest.param(
             node(taints=[UNSCHED], cordoned=True),
@@ -129,12 +175,20 @@ def kinds(p: Plan) -> list[StepKind]:
             id="admin-cordon-without-maintenance-left-alone",
         ),
         pytest.param(
-            node(labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
+            node(taints=[DRAIN], labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
             [],
             [],
             False,
             {"team": "a"},
-            id="guide-label-only",
+            id="guide-label-with-the-drain-taint",
+        ),
+        pytest.param(
+            node(labels={c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"}),
+            [],
+            [],
+            False,
+            {c.GUIDE_EXCLUDE_LABEL: "true", "team": "a"},
+            id="guide-label-alone-is-an-admins",
         ),
     ],
 )
@@ -148,12 +202,13 @@ def test_node_after_cleanup(
     p = plan(before, crs)
     after = apply(before, p.node_patch)
     assert after["spec"]["taints"] == after_taints
+    assert c.PRIOR_STATE_ANNOTATION not in (after["metadata"].get("annotations") or {})
     assert after["spec"]["unschedulable"] is after_cordon
     assert after["metadata"]["labels"] == after_labels
 
 
 def test_both_label_keys_are_separate_steps() -> None:
-    p = plan(node(labels=BOTH_LABELS))
+    p = plan(node(taints=[DRAIN], labels=BOTH_LABELS))
     removed = {s.what for s in p.steps if s.kind is StepKind.REMOVE_LABEL}
     assert removed == {
         f"remove label {c.EXCLUDE_FROM_REMEDIATION_LABEL}",
@@ -169,9 +224,16 @@ def test_node_patch_is_guarded_by_resource_version() -> None:
 
 def test_prior_cordon_is_explained() -> None:
     prior = PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,))
-    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True), [nm(prior=prior)])
+    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True, prior=prior), [nm()])
     assert StepKind.UNCORDON not in kinds(p)
-    assert any("cordoned before the maintenance" in k for k in p.kept)
+    assert any("cordoned before the maintenance (recorded on node/n1 by nmo)" in k for k in p.kept)
+    assert StepKind.REMOVE_RECORD in kinds(p)
+
+
+def test_an_admins_exclude_label_is_kept_and_explained() -> None:
+    p = plan(node(labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}), [nm()])
+    assert StepKind.REMOVE_LABEL not in kinds(p)
+    assert any("shows no sign that a maintenance set it" in k for k in p.kept)
 
 
 @pytest.mark.parametrize(
@@ -216,7 +278,20 @@ def test_live_cr_gets_a_note_or_is_deleted_on_request() -> None:
         delete_maintenances=True,
     )
     assert kinds(p2) == [StepKind.REMOVE_FINALIZER, StepKind.DELETE_MAINTENANCE]
-    assert p2.deletions == ("nm-1",)
+    assert p2.deletions == (("nm-1", "uid-nm-1"),)
+    again = copy.deepcopy(nm())
+    again["metadata"]["uid"] = "uid-recreated"  # same name, another object
+    p3 = plan_cleanup(
+        "n1",
+        node=node(),
+        maintenances=[again],
+        lease=None,
+        lease_namespace="x",
+        delete_maintenances=True,
+    )
+    assert not same_or_smaller(p3, p2)  # never deleted on the confirmation of the first
+    ((_, ops),) = p3.finalizer_patches
+    assert {"op": "test", "path": "/metadata/uid", "value": "uid-recreated"} in ops
 
 
 def test_unknown_node_still_cleans_cr_and_lease() -> None:
@@ -242,36 +317,99 @@ def test_replanned_subset_is_accepted() -> None:
     assert not same_or_smaller(full, less)
 
 
+def leader(holder: str, rv: str, renew: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": c.LEADER_ELECTION_ID, "resourceVersion": rv},
+        "spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": 15},
+    }
+
+
+FUTURE = "2099-01-01T00:00:00.000000Z"  # a dead leader whose clock ran far ahead
+PAST = "2000-01-01T00:00:00.000000Z"  # a live leader whose clock runs far behind
+
+
 @pytest.mark.parametrize(
-    ("spec", "alive"),
+    ("first", "later", "alive"),
     [
-        (
-            {
-                "holderIdentity": "nmo-1",
-                "renewTime": "2026-01-01T11:59:55.000000Z",
-                "leaseDurationSeconds": 15,
-            },
+        pytest.param(
+            leader("nmo-1", "1", PAST),
+            leader("nmo-1", "2", PAST),
             "nmo-1",
+            id="renewed-clock-behind",
         ),
-        (
-            {
-                "holderIdentity": "nmo-1",
-                "renewTime": "2026-01-01T11:59:00.000000Z",
-                "leaseDurationSeconds": 15,
-            },
+        pytest.param(
+            leader("nmo-1", "1", FUTURE),
+            leader("nmo-1", "1", FUTURE),
             None,
+            id="static-clock-ahead",
         ),
-        (
-            {
-                "holderIdentity": "",
-                "renewTime": "2026-01-01T11:59:59.000000Z",
-                "leaseDurationSeconds": 15,
-            },
-            None,
+        pytest.param(
+            leader("nmo-1", "1", PAST), leader("nmo-2", "2", PAST), "nmo-2", id="taken-over"
         ),
-        ({}, None),
+        pytest.param(leader("", "1", PAST), leader("", "2", FUTURE), None, id="released"),
+        pytest.param(leader("nmo-1", "1", PAST), None, None, id="deleted"),
+        pytest.param(None, leader("nmo-1", "1", PAST), None, id="created-meanwhile-unseen"),
     ],
 )
-def test_leader_alive(spec: dict[str, Any], alive: str | None) -> None:
-    assert leader_alive({"spec": spec}, NOW) == alive
-    assert leader_alive(None, NOW + timedelta(0)) is None
+def test_leader_alive_when_the_lease_moves(
+    first: dict[str, Any] | None, later: dict[str, Any] | None, alive: str | None
+) -> None:
+    assert leader_alive(first, later) == alive
+
+
+class LeaseReads:
+    """The leader lease as successive reads return it (None: not found)."""
+
+    def __init__(self, *reads: dict[str, Any] | None) -> None:
+        self.reads = list(reads)
+        self.calls = 0
+
+    async def get(self, path: str) -> dict[str, Any]:
+        assert path.endswith(f"/leases/{c.LEADER_ELECTION_ID}")
+        self.calls += 1
+        read = self.reads.pop(0)
+        if read is None:
+            raise NotFound("leases not found")
+        return read
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+async def test_watch_leader_stops_at_the_first_renewal() -> None:
+    first = leader("nmo-1", "1", PAST)
+    reads = LeaseReads(first, first, leader("nmo-1", "2", PAST), first)
+    got = await watch_leader(reads, "ns", first, window=5, poll=0.5, sleep=no_sleep)  # type: ignore[arg-type]
+    assert got == "nmo-1" and reads.calls == 3
+
+
+async def test_watch_leader_gives_up_after_the_window() -> None:
+    first = leader("nmo-1", "1", FUTURE)
+    reads = LeaseReads(*[first] * 20)
+    got = await watch_leader(reads, "ns", first, window=5, poll=0.5, sleep=no_sleep)  # type: ignore[arg-type]
+    assert got is None and reads.calls == 10
+
+
+async def test_watch_leader_without_holder_reads_nothing_more() -> None:
+    reads = LeaseReads()
+    assert await watch_leader(reads, "ns", leader("", "1", PAST), sleep=no_sleep) is None  # type: ignore[arg-type]
+    assert await watch_leader(reads, "ns", None, sleep=no_sleep) is None  # type: ignore[arg-type]
+    assert reads.calls == 0
+
+
+@pytest.mark.parametrize("holder", ["[/]", "[link=https://evil.example/]x[/link]"])
+def test_plan_shown_as_plain_text(holder: str) -> None:
+    """A foreign lease holder is a free string: the plan prints it, never as markup."""
+    from rich.console import Console
+
+    from nmo.cli.ops import _show_plan
+
+    shown = plan(node(taints=[DRAIN], cordoned=True), [nm()], lease(holder))
+    terminal = Console(width=300, force_terminal=True, color_system="truecolor")
+    with terminal.capture() as captured:
+        _show_plan(terminal, shown)
+    assert "\x1b]8;" not in captured.get()  # no OSC 8 terminal hyperlink
+    recorder = Console(record=True, width=300, color_system=None)
+    _show_plan(recorder, shown)
+    assert f"held by {holder}, not nmo's" in recorder.export_text()

@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from nmo.api import constants as c
@@ -144,3 +145,30 @@ def test_render_succeeded_and_empty() -> None:
     text = render_text([st.summarize(nm, lease=None, events=[], now=NOW)])
     assert "Succeeded" in text and "100%" in text and "Pending pods" not in text
     assert "No NodeMaintenance found." in render_text([])
+
+
+HOSTILE = ("[/]", "[link=https://evil.example/]click[/link]", "[bold red]x", "[")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_cluster_strings_are_never_markup(text: str) -> None:
+    """Reason, errors, pod and event texts come from the cluster: shown as they are."""
+    nm = running_nm()
+    nm["spec"]["reason"] = text
+    nm["status"]["lastError"] = text
+    nm["status"]["pendingPodsDetails"][0] |= {"reason": text, "message": text}
+    events = [event(c.KIND, "nm-1", "BeginMaintenance", "2026-01-01T11:50:01Z") | {"message": text}]
+    lease = {**LEASE, "spec": {**LEASE["spec"], "holderIdentity": text}}
+    summary = st.summarize(nm, lease=lease, events=events, now=NOW)
+    console = Console(width=400, force_terminal=True, color_system="truecolor")
+    with console.capture() as captured:
+        console.print(st.render([summary], NOW))
+    raw = captured.get()
+    assert "\x1b]8;" not in raw  # no OSC 8 terminal hyperlink
+    recorder = Console(record=True, width=400, color_system=None)
+    recorder.print(st.render([summary], NOW))
+    plain = recorder.export_text()
+    for field in ("Reason", "Last error"):
+        line = next(x for x in plain.splitlines() if field in x)
+        assert text in line
+    assert plain.count(text) >= 6

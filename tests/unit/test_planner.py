@@ -10,7 +10,6 @@ CR the Go NMO started, the leave paths and the status write rules.
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,7 +37,6 @@ def nm_obj(
     finalizer: bool = True,
     deleting: bool = False,
     created: str = CREATED,
-    prior: PriorState | None = NOT_CORDONED,
     owned: bool = True,
     status: Obj | None = None,
 ) -> NodeMaintenance:
@@ -48,7 +46,6 @@ def nm_obj(
         "resourceVersion": "10",
         "creationTimestamp": created,
         "finalizers": [c.FINALIZER] if finalizer else [],
-        "annotations": {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()} if prior else {},
         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": "node-uid"}]
         if owned
         else [],
@@ -64,18 +61,28 @@ def nm_obj(
 
 
 def node_obj(
-    *, cordoned: bool = False, maintenance: bool = False, label: bool = False, name: str = "n1"
+    *,
+    cordoned: bool = False,
+    maintenance: bool = False,
+    label: bool = False,
+    name: str = "n1",
+    prior: PriorState | None = None,
 ) -> Obj:
+    """A Node; ``prior`` is the record nmo wrote on it when it took the node."""
     taints: list[Obj] = [{"key": "other", "effect": "NoExecute"}]
     if maintenance:
         taints += [{"key": k, "effect": c.TAINT_EFFECT} for k in c.MAINTENANCE_TAINT_KEYS]
     labels = {"kubernetes.io/hostname": name}
     if label or maintenance:
         labels[c.EXCLUDE_FROM_REMEDIATION_LABEL] = "true"
-    return {
-        "metadata": {"name": name, "uid": "node-uid", "resourceVersion": "7", "labels": labels},
-        "spec": {"taints": taints, "unschedulable": cordoned or maintenance},
-    }
+    meta: Obj = {"name": name, "uid": "node-uid", "resourceVersion": "7", "labels": labels}
+    if prior is not None:
+        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
+    return {"metadata": meta, "spec": {"taints": taints, "unschedulable": cordoned or maintenance}}
+
+
+# nm-1 took the node when it was not cordoned: its record on the node.
+TAKEN = node_obj(maintenance=True, prior=replace(NOT_CORDONED, maintenance="uid-nm-1"))
 
 
 def pod(name: str, *, ds: bool = False, terminating: bool = False, uid: str = "") -> Obj:
@@ -93,7 +100,7 @@ def pod(name: str, *, ds: bool = False, terminating: bool = False, uid: str = ""
 def observed(nm: NodeMaintenance, **kw: Any) -> Observed:
     defaults: dict[str, Any] = {
         "others": (),
-        "node": node_obj(maintenance=True),
+        "node": TAKEN,
         "pods": (),
         "daemonsets": {"app/ds": True},
         "drain": {},
@@ -111,7 +118,7 @@ PHASES = [None, Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED]
 NODES = {
     "missing": None,
     "plain": node_obj(),
-    "in-maintenance": node_obj(maintenance=True),
+    "in-maintenance": TAKEN,
     "cordoned-before": node_obj(cordoned=True),
 }
 LEASES = {
@@ -340,36 +347,103 @@ def test_a_successful_request_clears_the_error_count() -> None:
 # -- ownership, prior state and adoption (B6, B7) ----------------------------
 
 
-def test_first_pass_records_owner_and_prior_state() -> None:
-    nm = nm_obj(finalizer=False, prior=None, owned=False)
+def test_first_pass_records_owner_and_prior_state_on_the_node() -> None:
+    nm = nm_obj(finalizer=False, owned=False)
     plan = planner.plan(observed(nm, node=node_obj(cordoned=True), recall=Recall()))
     assert plan.metadata is not None
     assert plan.metadata["ownerReferences"][0]["uid"] == "node-uid"
-    prior = json.loads(plan.metadata["annotations"][c.PRIOR_STATE_ANNOTATION])
-    assert prior["unschedulable"] is True
+    assert "annotations" not in plan.metadata  # the CR carries no prior state
+    assert plan.node_patch is not None
+    (record,) = [op for op in plan.node_patch if op["path"] == "/metadata/annotations"]
+    prior = PriorState.from_annotation(record["value"][c.PRIOR_STATE_ANNOTATION])
+    assert prior == PriorState(unschedulable=True, maintenance="uid-nm-1")
+
+
+def test_the_record_is_written_once_and_never_after_the_take() -> None:
+    """A started CR without a record on its node (the Go NMO's): nothing is recorded."""
+    recorded = planner.plan(observed(nm_obj(), node=TAKEN, recall=Recall()))
+    assert recorded.node_patch is None, "the node carries nm-1's record already"
+    adopted = planner.plan(observed(nm_obj(phase=Phase.RUNNING), node=node_obj(maintenance=True)))
+    assert adopted.node_patch is None, "the node is already in maintenance"
 
 
 def test_adopting_a_cr_the_go_nmo_started_assumes_it_cordoned() -> None:
-    """A Running CR without nmo's annotation: the Go NMO cordoned the node."""
-    nm = nm_obj(phase=Phase.RUNNING, prior=None)
+    """A Running CR whose node has no record: the Go NMO cordoned the node."""
+    nm = nm_obj(phase=Phase.RUNNING)
     plan = planner.plan(observed(nm, node=node_obj(maintenance=True)))
-    assert plan.metadata is not None
-    annotation = plan.metadata["annotations"][c.PRIOR_STATE_ANNOTATION]
-    assert PriorState.from_annotation(annotation) == PriorState()
     assert plan.node_patch is None, "the node is already in maintenance"
     assert "BeginMaintenance" not in [e.event[0] for e in plan.events]
     # ... so leaving it uncordons, as the Go NMO would
-    gone = nm_obj(phase=Phase.RUNNING, deleting=True, prior=PriorState())
+    gone = nm_obj(phase=Phase.RUNNING, deleting=True)
     leave = planner.plan(observed(gone, node=node_obj(maintenance=True)))
     assert [e.event[0] for e in leave.events] == ["UncordonNode", "RemovedMaintenance"]
 
 
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param("annotation-on-the-cr", id="cr-annotation"),
+        pytest.param("another-maintenance", id="record-of-another-cr"),
+    ],
+)
+def test_a_prior_state_nmo_did_not_record_for_this_cr_is_ignored(forged: str) -> None:
+    """A CR author cannot make the end of a maintenance leave the node cordoned."""
+    claim = PriorState(
+        unschedulable=True, taints=c.MAINTENANCE_TAINT_KEYS, label=True, maintenance="uid-nm-1"
+    )
+    raw: Obj = {
+        "metadata": {
+            "name": "nm-1",
+            "uid": "uid-nm-1",
+            "resourceVersion": "10",
+            "creationTimestamp": CREATED,
+            "finalizers": [c.FINALIZER],
+            "deletionTimestamp": "2026-12-01T11:59:00Z",
+        },
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Succeeded"},
+    }
+    node = node_obj(maintenance=True)
+    if forged == "annotation-on-the-cr":
+        raw["metadata"]["annotations"] = {c.PRIOR_STATE_ANNOTATION: claim.to_annotation()}
+    else:
+        node = node_obj(maintenance=True, prior=replace(claim, maintenance="uid-old"))
+    plan = planner.plan(observed(NodeMaintenance.from_api(raw), node=node))
+    after = apply_ops(node, plan.node_patch)
+    assert not after["spec"]["unschedulable"]
+    assert c.EXCLUDE_FROM_REMEDIATION_LABEL not in after["metadata"]["labels"]
+    assert not in_maintenance(after)
+    assert "UncordonNode" in [e.event[0] for e in plan.events]
+
+
 def test_leaving_keeps_a_cordon_that_was_there_before() -> None:
-    nm = nm_obj(deleting=True, prior=PriorState(unschedulable=True))
-    plan = planner.plan(observed(nm, node=node_obj(maintenance=True)))
+    nm = nm_obj(deleting=True)
+    before = PriorState(unschedulable=True, maintenance="uid-nm-1")
+    node = node_obj(maintenance=True, prior=before)
+    plan = planner.plan(observed(nm, node=node))
     assert plan.node_patch is not None
     assert not any(op.get("path") == "/spec/unschedulable" for op in plan.node_patch)
     assert "UncordonNode" not in [e.event[0] for e in plan.events]
+    after = apply_ops(node, plan.node_patch)
+    assert c.PRIOR_STATE_ANNOTATION not in after["metadata"]["annotations"], "record removed"
+
+
+def apply_ops(doc: Obj, ops: list[Obj] | None) -> Obj:
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for op in ops or []:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[part]
+        if op["op"] == "test":
+            assert parent[parts[-1]] == op["value"]
+        elif op["op"] == "remove":
+            del parent[parts[-1]]
+        else:
+            parent[parts[-1]] = op["value"]
+    return doc
 
 
 def test_a_duplicate_leaves_without_touching_node_or_lease() -> None:

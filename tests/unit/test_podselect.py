@@ -4,24 +4,31 @@ from typing import Any
 
 import pytest
 
-from nmo.core.maintenance.pods import select_pods
+from nmo.core.maintenance.pods import daemonset_owner, running_daemonset_owner, select_pods
 
 
 def pod(
-    name: str, *, owner: str | None = None, mirror: bool = False, empty_dir: bool = False
+    name: str,
+    *,
+    owner: str | None = None,
+    mirror: bool = False,
+    empty_dir: bool = False,
+    phase: str = "Running",
+    api_version: str = "apps/v1",
+    controller: bool = True,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
     if owner:
         kind, owner_name = owner.split("/")
         meta["ownerReferences"] = [
-            {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "controller": True}
+            {"apiVersion": api_version, "kind": kind, "name": owner_name, "controller": controller}
         ]
     if mirror:
         meta["annotations"] = {"kubernetes.io/config.mirror": "x"}
     spec: dict[str, Any] = {"nodeName": "n1"}
     if empty_dir:
         spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
-    return {"metadata": meta, "spec": spec}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
 @pytest.mark.parametrize(
@@ -53,3 +60,73 @@ def test_daemonset_lookup_uses_namespace_and_name() -> None:
     seen: list[str] = []
     select_pods([pod("ds", owner="DaemonSet/agent")], lambda key: seen.append(key) or True)
     assert seen == ["ns/agent"]
+
+
+# kubectl's daemonSetFilter (k8s.io/kubectl/pkg/drain/filters.go): only a
+# controller reference of kind DaemonSet in apps/v1 is a DaemonSet, and a
+# finished pod is let go before the DaemonSet is looked up.
+@pytest.mark.parametrize(
+    ("p", "evicted", "looked_up"),
+    [
+        pytest.param(pod("ds", owner="DaemonSet/agent"), False, True, id="running"),
+        pytest.param(
+            pod("ds", owner="DaemonSet/agent", phase="Pending"), False, True, id="pending"
+        ),
+        pytest.param(
+            pod("ds", owner="DaemonSet/agent", phase="Succeeded"), True, False, id="succeeded"
+        ),
+        pytest.param(pod("ds", owner="DaemonSet/agent", phase="Failed"), True, False, id="failed"),
+        pytest.param(
+            pod("ds", owner="DaemonSet/agent", api_version="apps/v1beta2"),
+            True,
+            False,
+            id="apps/v1beta2 is not a DaemonSet",
+        ),
+        pytest.param(
+            pod("ds", owner="DaemonSet/agent", api_version="extensions/v1beta1"),
+            True,
+            False,
+            id="extensions/v1beta1 is not a DaemonSet",
+        ),
+        pytest.param(
+            pod("ds", owner="DaemonSet/agent", controller=False),
+            True,
+            False,
+            id="owner that is not the controller",
+        ),
+        pytest.param(pod("ds", owner="daemonset/agent"), True, False, id="kind is case-sensitive"),
+    ],
+)
+def test_daemonset_pods_as_kubectl_filters_them(
+    p: dict[str, Any], evicted: bool, looked_up: bool
+) -> None:
+    seen: list[str] = []
+    sel = select_pods([p], lambda key: seen.append(key) or True)
+    assert (p in sel.evict) is evicted
+    assert (p in sel.daemonset) is not evicted
+    assert seen == (["ns/agent"] if looked_up else [])
+    if evicted:
+        assert not any("DaemonSet" in w for w in sel.warnings)
+
+
+def test_an_owner_in_another_api_version_is_still_a_controller() -> None:
+    """No "declare no controller" warning: kubectl only checks that a controller exists."""
+    p = pod("ds", owner="DaemonSet/agent", api_version="apps/v1beta2")
+    assert select_pods([p], lambda _key: True).warnings == []
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_finished_pods_are_evicted_without_warnings(phase: str) -> None:
+    pods = [
+        pod("bare", phase=phase),
+        pod("scratch", owner="ReplicaSet/web", empty_dir=True, phase=phase),
+    ]
+    sel = select_pods(pods, lambda _key: True)
+    assert sel.evict == pods
+    assert sel.warnings == []
+
+
+def test_running_daemonset_owner() -> None:
+    assert running_daemonset_owner(pod("ds", owner="DaemonSet/agent")) == "ns/agent"
+    assert running_daemonset_owner(pod("ds", owner="DaemonSet/agent", phase="Failed")) is None
+    assert daemonset_owner(pod("ds", owner="DaemonSet/agent", phase="Failed")) == "ns/agent"

@@ -93,7 +93,7 @@ def test_node_keeps_labels_taints_cordon_and_conditions() -> None:
             "uid": "u",
             "resourceVersion": "3",
             "labels": {"node-role.kubernetes.io/control-plane": ""},
-            "annotations": {"big": "x" * 1000},
+            "annotations": {"big": "x" * 1000, c.PRIOR_STATE_ANNOTATION: "{}"},
             "managedFields": [{}],
         },
         "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": True},
@@ -108,8 +108,13 @@ def test_node_keeps_labels_taints_cordon_and_conditions() -> None:
         "uid": "u",
         "resourceVersion": "3",
         "labels": {"node-role.kubernetes.io/control-plane": ""},
+        "annotations": {c.PRIOR_STATE_ANNOTATION: "{}"},  # nmo's record only
     }
     assert out["spec"] == node["spec"]
+    node["metadata"]["annotations"] = {"big": "x"}
+    assert slim.node(node)["metadata"]["annotations"] == {}, "the map stays: add, not replace"
+    del node["metadata"]["annotations"]
+    assert "annotations" not in slim.node(node)["metadata"]
     assert out["status"] == {"conditions": [{"type": "Ready", "status": "True"}]}
     assert out["kind"] == "Node"
 

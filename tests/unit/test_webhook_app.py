@@ -7,6 +7,7 @@ httpx underneath) with respx standing in for the kube-apiserver.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -116,7 +117,8 @@ async def test_malformed_review_with_uid_gets_an_errored_review() -> None:
             review(),
             FakeLookups(failing={"node"}),
             False,
-            "could not get node for validating spec.NodeName, please try again: node exploded",
+            "could not get node for validating spec.NodeName, please try again: "
+            "could not get node: node exploded",
             "error",
             id="create lookup failure",
         ),
@@ -185,6 +187,37 @@ async def test_unexpected_exception_denies_with_a_review() -> None:
     answer = resp.json()["response"]
     assert (answer["uid"], answer["allowed"], answer["status"]["code"]) == ("req-1", False, 500)
     assert count(metrics, "CREATE", "error") == 1
+
+
+async def test_internal_errors_show_a_reference_not_the_exception(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The caller learns that it failed and a reference; the log has the details."""
+
+    class Broken(FakeLookups):
+        async def get_node(self, name: str) -> Obj | None:
+            raise RuntimeError("secret-detail at /var/run/secrets/token")
+
+    def broken_check() -> None:
+        raise OSError("secret-detail in /etc/nmo/key.pem")
+
+    with caplog.at_level("ERROR"):
+        async with client(create_webhook_app(lookups=Broken(), metrics=Metrics())) as http:
+            answer = (await http.post(WEBHOOK_PATH, json=review())).json()["response"]
+        async with client(create_probes_app(Probes(readyz={"broken": broken_check}))) as http:
+            aggregated = await http.get("/readyz")
+            single = await http.get("/readyz/broken")
+    shown = [answer["status"]["message"], aggregated.text, single.text]
+    assert aggregated.status_code == single.status_code == 500
+    for text in shown:
+        assert "secret-detail" not in text, text
+        ref = re.search(r"internal error \(ref ([0-9a-f]{12})\)", text)
+        assert ref is not None, text
+        assert any(
+            ref.group(1) in r.getMessage() + str(getattr(r, "ref", ""))
+            and "secret-detail" in (r.exc_text or str(r.exc_info))
+            for r in caplog.records
+        ), ref.group(1)
 
 
 # -- probes -----------------------------------------------------------------------

@@ -98,10 +98,37 @@ CP = CONTROL_PLANE_ROLE_LABEL
             True,
             id="pod on the node not matched by the selector",
         ),
+        # medik8s/common: a missing Ready condition is not Ready (the node is
+        # disrupted already); Unknown counts as Ready (about to be Ready).
         pytest.param(
-            CP, True, [pdb(0)], [guard("n1", None)], False, id="guard without Ready condition"
+            CP, True, [pdb(0)], [guard("n1", None)], True, id="guard without Ready condition"
         ),
         pytest.param(CP, True, [pdb(0)], [guard("n1", "Unknown")], False, id="guard Ready Unknown"),
+        pytest.param(
+            CP,
+            True,
+            [pdb(0)],
+            [guard("n1", None, conditions=[{"type": "PodScheduled", "status": "True"}])],
+            True,
+            id="guard with other conditions only",
+        ),
+        pytest.param(
+            CP,
+            True,
+            [pdb(0)],
+            [
+                guard(
+                    "n1",
+                    None,
+                    conditions=[
+                        {"type": "Ready", "status": "False"},
+                        {"type": "Ready", "status": "True"},
+                    ],
+                )
+            ],
+            False,
+            id="any Ready condition True counts",
+        ),
     ],
 )
 async def test_quorum_matrix(
@@ -126,7 +153,11 @@ async def test_guard_pods_are_only_read_when_no_disruption_is_allowed() -> None:
 @pytest.mark.parametrize(
     ("failing", "role", "what"),
     [
-        ("node", None, "could not get node for validating spec.NodeName"),
+        (
+            "node",
+            None,
+            "could not get node for validating spec.NodeName, please try again: could not get node",
+        ),
         ("claim", None, "could not list NodeMaintenances for validating spec.NodeName"),
         ("discovery", CP, "could not check for OpenShift for master/control-plane quorum"),
         ("pdbs", CP, "could not check the etcd quorum guard"),
@@ -146,8 +177,17 @@ async def test_lookup_failures_deny_with_retry_message(
     assert not decision.allowed
     assert decision.result == "error"
     assert decision.message.startswith(what)
-    assert decision.message.endswith(f", please try again: {failing} exploded")
+    assert decision.message.endswith(f"{failing} exploded")
+    assert ", please try again: " in decision.message
     assert lookups.claims == {}
+
+
+async def test_node_lookup_failure_has_nmo_wording() -> None:
+    decision = await create(FakeLookups(failing={"node"}))
+    assert decision.message == (
+        "could not get node for validating spec.NodeName, please try again: "
+        "could not get node: node exploded"
+    )
 
 
 async def test_quorum_node_lookup_failure_has_nmo_wording() -> None:
@@ -162,7 +202,8 @@ async def test_quorum_node_lookup_failure_has_nmo_wording() -> None:
 
     decision = await create(SecondGetFails(nodes={"n1": node("n1")}))
     assert decision.message == (
-        "could not get node for master/control-plane quorum validation, please try again: timeout"
+        "could not get node for master/control-plane quorum validation, please try again: "
+        "could not get node: timeout"
     )
 
 

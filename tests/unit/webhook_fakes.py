@@ -31,8 +31,15 @@ def pdb(allowed: int, *, name: str = "etcd-guard-pdb") -> Obj:
     }
 
 
-def guard(node_name: str, ready: str | None, *, labels: Mapping[str, str] = GUARD) -> Obj:
-    conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
+def guard(
+    node_name: str,
+    ready: str | None,
+    *,
+    labels: Mapping[str, str] = GUARD,
+    conditions: list[Obj] | None = None,
+) -> Obj:
+    if conditions is None:
+        conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
     return {
         "metadata": {"name": f"etcd-guard-{node_name}", "labels": dict(labels)},
         "spec": {"nodeName": node_name},

@@ -25,6 +25,24 @@ troubleshooting guide's commands work whatever the release is called.
 {{- printf "%s-webhook-server-cert" (include "nmo.fullname" .) -}}
 {{- end -}}
 
+{{- define "nmo.metricsServiceName" -}}
+{{- printf "%s-controller-manager-metrics-service" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- define "nmo.metricsCertSecretName" -}}
+{{- printf "%s-metrics-server-cert" (include "nmo.fullname" .) -}}
+{{- end -}}
+
+{{- /* cert-manager issues a metrics certificate that Prometheus verifies:
+the ServiceMonitor is on, verification is not switched off, and the chart
+manages certificates with cert-manager (not the out-of-cluster webhook). */ -}}
+{{- define "nmo.metricsCert" -}}
+{{- $sm := .Values.metrics.serviceMonitor -}}
+{{- if and .Values.deployment.enabled $sm.enabled (not $sm.tls.insecureSkipVerify) .Values.webhook.certManager.enabled (not (include "nmo.webhookExternal" .)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "nmo.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: node-maintenance-operator
@@ -97,4 +115,98 @@ podAntiAffinity:
 {{- $total = add $total (mul (trimSuffix $u . | int64) (get $unit $u)) -}}
 {{- end -}}
 {{- $total -}}
+{{- end -}}
+
+{{/*
+Whether the webhook carries matchConditions (admissionregistration.k8s.io/v1:
+beta and on by default in Kubernetes 1.28, GA in 1.30). auto: by the
+server's version (helm template: --kube-version, or set true/false).
+*/}}
+{{- define "nmo.matchConditions" -}}
+{{- $mode := toString .Values.webhook.matchConditions -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (semverCompare ">=1.28.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end -}}
+{{- end -}}
+
+{{/* The webhook's clientConfig; (dict "ctx" $ "caBundle" <base64 PEM or "">). */}}
+{{- define "nmo.webhookClientConfig" -}}
+{{- $ := .ctx -}}
+clientConfig:
+  {{- if include "nmo.webhookExternal" $ }}
+  url: {{ $.Values.webhook.url | quote }}
+  {{- else }}
+  service:
+    name: {{ include "nmo.webhookServiceName" $ }}
+    namespace: {{ $.Release.Namespace }}
+    path: /validate-nodemaintenance-medik8s-io-v1beta1-nodemaintenance
+    port: 443
+  {{- end }}
+  {{- if .caBundle }}
+  caBundle: {{ .caBundle }}
+  {{- end }}
+{{- end -}}
+
+{{/* The webhook's rules for a list of operations. */}}
+{{- define "nmo.webhookRules" -}}
+- apiGroups: ["nodemaintenance.medik8s.io"]
+  apiVersions: ["v1beta1"]
+  operations: {{ toJson . }}
+  resources: ["nodemaintenances"]
+  scope: "*"
+{{- end -}}
+
+{{/* nmo's leader election Lease (nmo.api.constants.LEADER_ELECTION_ID, the Go NMO's). */}}
+{{- define "nmo.leaderElectionID" -}}
+135b1886.medik8s.io
+{{- end -}}
+
+{{/*
+Whether nmo itself may create the lease namespace (ClusterRole namespaces
+create): only when the chart does not (leases.createNamespace=false) and it
+is not the release namespace.
+*/}}
+{{- define "nmo.operatorCreatesLeaseNamespace" -}}
+{{- if and (not .Values.leases.createNamespace) (ne .Values.leases.namespace .Release.Namespace) }}true{{ end -}}
+{{- end -}}
+
+{{/*
+The kube-apiserver for the NetworkPolicy, as JSON {source, from, to, ports}:
+from: CIDRs its webhook calls come from; to: CIDRs nmo connects to; ports:
+the ports nmo connects to. source: "values" (networkPolicy.apiServer.cidrs),
+"lookup" (EndpointSlice and Service default/kubernetes, read at install or
+upgrade: the apiserver publishes its own addresses there) or "" (offline
+rendering: nothing known, from/to empty).
+*/}}
+{{- define "nmo.apiServerAddresses" -}}
+{{- $conf := .Values.networkPolicy.apiServer -}}
+{{- $from := list -}}{{- $to := list -}}{{- $ports := list -}}{{- $source := "" -}}
+{{- if $conf.cidrs -}}
+{{- $from = $conf.cidrs -}}{{- $to = $conf.cidrs -}}{{- $source = "values" -}}
+{{- else -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- range ($slice.endpoints | default list) -}}
+{{- range (.addresses | default list) -}}
+{{- $from = append $from (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- end -}}
+{{- if $from -}}
+{{- $source = "lookup" -}}
+{{- $to = $from -}}
+{{- range ($slice.ports | default list) -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- $svc := lookup "v1" "Service" "default" "kubernetes" | default dict -}}
+{{- range (dig "spec" "clusterIPs" list $svc) -}}
+{{- $to = append $to (printf "%s/%s" . (ternary "128" "32" (contains ":" .))) -}}
+{{- end -}}
+{{- range (dig "spec" "ports" list $svc) -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $conf.ports -}}
+{{- $ports = $conf.ports -}}
+{{- else if not $ports -}}
+{{- $ports = list 443 6443 -}}
+{{- end -}}
+{{- dict "source" $source "from" (uniq $from) "to" (uniq $to) "ports" (uniq $ports) | toJson -}}
 {{- end -}}

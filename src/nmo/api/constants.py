@@ -27,7 +27,7 @@ UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 DRAIN_TAINT_KEY: Final = "medik8s.io/drain"
 TAINT_EFFECT: Final = "NoSchedule"
 MAINTENANCE_TAINT_KEYS: Final = (UNSCHEDULABLE_TAINT_KEY, DRAIN_TAINT_KEY)
-# Annotation on the CR recording what the node looked like before (B7).
+# Annotation on the Node recording what it looked like before nmo took it (B7).
 PRIOR_STATE_ANNOTATION: Final = "nodemaintenance.medik8s.io/prior-node-state"
 
 # Lease shared with the other medik8s operators.

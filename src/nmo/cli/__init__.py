@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
@@ -22,6 +23,12 @@ from nmo import __version__
 from nmo.api import constants as c
 from nmo.api.crd import crd
 from nmo.api.models import OnTimeout
+from nmo.cli import goflags
+from nmo.cli.defaults import (
+    CONTROLLER_RUNTIME_CERT_DIR,
+    leader_election_namespace,
+    webhook_cert_dir,
+)
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
@@ -44,7 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the operator (reconcilers, webhook, probes, metrics)")
+    # No abbreviations: Go's flag package has none, and an abbreviated flag
+    # that argparse would complete silently is an unknown flag to the Go NMO.
+    run = sub.add_parser(
+        "run",
+        help="run the operator (reconcilers, webhook, probes, metrics)",
+        description="Run the operator. The Go NMO's flags (its Deployment and CSV "
+        "pass them to /manager) work too, with one dash or two.",
+        allow_abbrev=False,
+    )
     conn = run.add_argument_group("connection")
     conn.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     conn.add_argument("--context", default=None)
@@ -140,10 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="timeout of one delivery attempt (env NMO_NOTIFY_TIMEOUT)",
     )
     le = run.add_argument_group("leader election")
-    le.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    le.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="elect a leader through a Lease so that only one replica reconciles "
+        "(off by default, as in the Go NMO; the chart turns it on); also "
+        "--leader-elect=true|false",
+    )
     le.add_argument(
         "--leader-election-namespace",
-        default=os.environ.get("POD_NAMESPACE") or c.OPERATOR_NAMESPACE,
+        default=None,
+        help="namespace of the leader Lease (default: $POD_NAMESPACE, $OPERATOR_NAMESPACE, "
+        f"the service account's namespace in a pod, else {c.OPERATOR_NAMESPACE})",
     )
     le.add_argument("--leader-election-id", default=c.LEADER_ELECTION_ID)
     le.add_argument("--leader-lease-duration", type=float, default=15.0)
@@ -153,15 +177,28 @@ def build_parser() -> argparse.ArgumentParser:
     srv = run.add_argument_group("servers")
     srv.add_argument("--bind-address", default="0.0.0.0")
     srv.add_argument("--webhook-port", type=int, default=9443)
-    srv.add_argument("--health-probe-port", type=int, default=8081)
-    srv.add_argument("--metrics-port", type=int, default=8443)
+    srv.add_argument("--health-probe-port", type=int, default=None, help="default 8081")
+    srv.add_argument("--metrics-port", type=int, default=None, help="default 8443")
     srv.add_argument(
         "--metrics-secure",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serve /metrics over TLS with TokenReview/SubjectAccessReview",
+        default=None,
+        help="serve /metrics over TLS with TokenReview/SubjectAccessReview (default: on, "
+        "except on a loopback --metrics-bind-address, the kube-rbac-proxy layout)",
     )
-    srv.add_argument("--cert-dir", default=c.DEFAULT_CERT_DIR)
+    srv.add_argument(
+        "--cert-dir",
+        default=None,
+        help=f"webhook certificate dir (default: {c.DEFAULT_CERT_DIR}, where OLM puts "
+        f"apiserver.crt/apiserver.key, or else {CONTROLLER_RUNTIME_CERT_DIR} when it holds "
+        "the certificate, as in the Go NMO)",
+    )
+    srv.add_argument(
+        "--metrics-cert-dir",
+        default=None,
+        help="serve /metrics with tls.crt/tls.key from this dir (reloaded when renewed) "
+        "instead of a self-signed certificate, so scrapers can verify it",
+    )
     srv.add_argument(
         "--webhook-client-ca",
         default=None,
@@ -175,6 +212,48 @@ def build_parser() -> argparse.ArgumentParser:
     logs = run.add_argument_group("logging")
     logs.add_argument("--log-format", choices=["text", "json"], default="text")
     logs.add_argument("--log-level", default="info")
+    go = run.add_argument_group(
+        "Go NMO flags",
+        "the flags of the Go NMO's /manager, with its meaning (a Go flag may also start "
+        "with one dash)",
+    )
+    go.add_argument(
+        "--health-probe-bind-address",
+        metavar="[HOST]:PORT|0",
+        help="where /healthz and /readyz listen, e.g. :8081, 0.0.0.0:8081, [::]:8081 "
+        "(empty host: every interface; 0: off)",
+    )
+    go.add_argument(
+        "--metrics-bind-address",
+        metavar="[HOST]:PORT|0",
+        help="where /metrics listens, e.g. :8443 or 127.0.0.1:8080 (0: off)",
+    )
+    go.add_argument(
+        "--enable-http2",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="accepted; nmo serves HTTP/1.1 only (the Go NMO's default, false)",
+    )
+    go.add_argument(
+        "--zap-devel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="true: text logs at debug; false: JSON logs at info",
+    )
+    go.add_argument("--zap-encoder", metavar="json|console", help="log format: json or text")
+    go.add_argument(
+        "--zap-log-level", metavar="LEVEL", help="debug, info, error, panic, or N > 0 (debug)"
+    )
+    go.add_argument(
+        "--zap-stacktrace-level",
+        metavar="LEVEL",
+        help="info, error or panic; accepted (nmo logs a traceback with every exception)",
+    )
+    go.add_argument(
+        "--zap-time-encoding",
+        metavar="ENCODING",
+        help="ts of JSON logs: epoch, millis, nanos, iso8601, rfc3339 or rfc3339nano",
+    )
 
     sb = sub.add_parser("sandbox", help="a real local control plane (etcd, apiserver, kwok...)")
     sbs = sb.add_subparsers(dest="sandbox_command", required=True)
@@ -247,6 +326,67 @@ def notify_settings(args: argparse.Namespace) -> NotifySettings | None:
     return NotifySettings(url=args.notify_url, timeout=args.notify_timeout)
 
 
+def _address(
+    go_flag: str, go_value: str | None, port_flag: str, port: int | None, default: int
+) -> tuple[str | None, int | None]:
+    """(host, port) of one server from its Go address or nmo's port flag.
+
+    host None: nmo's ``--bind-address``; port None: the server is off.
+    """
+    if go_value is None:
+        return None, default if port is None else port
+    if port is not None:
+        raise ValueError(f"give --{go_flag} or {port_flag}, not both")
+    address = goflags.parse_bind_address(go_flag, go_value)
+    if address is None:
+        return None, None
+    return address.host, address.port
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The servers from nmo's and the Go NMO's flags; ValueError says what is wrong."""
+    probes_host, probes_port = _address(
+        "health-probe-bind-address",
+        args.health_probe_bind_address,
+        "--health-probe-port",
+        args.health_probe_port,
+        8081,
+    )
+    metrics_host, metrics_port = _address(
+        "metrics-bind-address", args.metrics_bind_address, "--metrics-port", args.metrics_port, 8443
+    )
+    # The Go NMO up to 0.20 served plain /metrics (on :8080) to a kube-rbac-proxy
+    # sidecar, which does the TLS and the authorization and proxies
+    # http://127.0.0.1:8080/; its Deployments pass --metrics-bind-address=
+    # 127.0.0.1:8080. A loopback metrics address keeps that layout working.
+    secure = args.metrics_secure
+    if secure is None:
+        secure = not _loopback(metrics_host)
+    return ServerSettings(
+        bind_address=args.bind_address,
+        probes_bind_address=probes_host,
+        metrics_bind_address=metrics_host,
+        webhook_port=args.webhook_port if args.enable_webhook else None,
+        probes_port=probes_port,
+        metrics_port=metrics_port,
+        cert_dir=Path(webhook_cert_dir(args.cert_dir)),
+        webhook_client_ca=Path(args.webhook_client_ca) if args.webhook_client_ca else None,
+        metrics_secure=secure,
+        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+        require_webhook_for_ready=args.require_webhook_for_readiness,
+        enable_http2=args.enable_http2,
+    )
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     engine = EngineSettings(
         lease_namespace=args.lease_namespace,
@@ -254,7 +394,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_parallel_evictions=args.max_parallel_evictions,
         lease_renew_interval=args.lease_renew_interval,
         leader_election=args.leader_elect,
-        leader_election_namespace=args.leader_election_namespace,
+        leader_election_namespace=leader_election_namespace(
+            args.leader_election_namespace, os.environ
+        ),
         leader_election_id=args.leader_election_id,
         leader_lease_duration=args.leader_lease_duration,
         leader_renew_deadline=args.leader_renew_deadline,
@@ -270,16 +412,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.identity:
         engine.identity = args.identity
     engine.notify = notify_settings(args)
-    servers = ServerSettings(
-        bind_address=args.bind_address,
-        webhook_port=args.webhook_port if args.enable_webhook else None,
-        probes_port=args.health_probe_port,
-        metrics_port=args.metrics_port,
-        cert_dir=Path(args.cert_dir),
-        webhook_client_ca=Path(args.webhook_client_ca) if args.webhook_client_ca else None,
-        metrics_secure=args.metrics_secure,
-        require_webhook_for_ready=args.require_webhook_for_readiness,
-    )
+    servers = server_settings(args)
     return Settings(
         connection=Connection(
             kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
@@ -321,6 +454,14 @@ async def run(args: argparse.Namespace) -> int:
         kube.server,
         settings.engine.lease_namespace,
     )
+    if settings.engine.leader_election:
+        log.info(
+            "leader election on: only the holder of Lease %s/%s reconciles",
+            settings.engine.leader_election_namespace,
+            settings.engine.leader_election_id,
+        )
+    else:
+        log.info("leader election off (--leader-elect turns it on): this process reconciles")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -353,9 +494,12 @@ async def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics
             raise CheckFailed("maintenance and node caches have not synced yet")
 
     def leadership() -> None:
-        if engine.elector is None or engine.elector.is_leader == engine.leading:
+        if engine.elector is None:
             return
-        raise CheckFailed("leader election state and reconcile workers disagree")
+        if engine.elector.problem is not None:
+            raise CheckFailed(engine.elector.problem)
+        if engine.elector.is_leader != engine.leading:
+            raise CheckFailed("leader election state and reconcile workers disagree")
 
     await serve(
         settings,
@@ -368,7 +512,18 @@ async def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics
     )
 
 
+def _run_error(message: str) -> int:
+    print(f"nmo run: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        try:
+            argv = ["run", *goflags.normalize(argv[1:])]
+        except goflags.GoFlagError as exc:
+            return _run_error(str(exc))
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"nmo {__version__}")
@@ -377,7 +532,18 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(crd(), sort_keys=False), end="")
         return 0
     if args.command == "run":
-        logsetup.setup(args.log_level, args.log_format)
+        zap = goflags.ZapOptions(
+            devel=args.zap_devel,
+            encoder=args.zap_encoder,
+            log_level=args.zap_log_level,
+            stacktrace_level=args.zap_stacktrace_level,
+            time_encoding=args.zap_time_encoding,
+        )
+        try:
+            logs = goflags.log_choice(zap, level=args.log_level, fmt=args.log_format)
+        except goflags.GoFlagError as exc:
+            return _run_error(str(exc))
+        logsetup.setup(logs.level, logs.fmt, time_encoding=logs.time_encoding)
         return asyncio.run(run(args))
     if args.command == "sandbox":
         from nmo.cli import sandbox

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from nmo.api import constants as c
 from nmo.core.errors import Conflict, KubeError
@@ -122,7 +123,7 @@ async def connect(args: argparse.Namespace, err: Console) -> Kube | None:
     try:
         return await Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
     except Exception as exc:
-        err.print(f"[red]error:[/] cannot connect to the Kubernetes API: {exc}")
+        err.print(f"[red]error:[/] cannot connect to the Kubernetes API: {escape(str(exc))}")
         return None
 
 
@@ -141,7 +142,7 @@ async def gather(args: argparse.Namespace) -> int:
     try:
         since = parse_duration(args.since) if args.since else None
     except ValueError as exc:
-        err.print(f"[red]error:[/] --since: {exc}")
+        err.print(f"[red]error:[/] --since: {escape(str(exc))}")
         return 2
     kube = await connect(args, err)
     if kube is None:
@@ -151,9 +152,13 @@ async def gather(args: argparse.Namespace) -> int:
     def progress(item: Item) -> None:
         mark = _MARK.get(item.status, "[red]✗[/]")
         count = f" ({item.count})" if item.count is not None else ""
-        where = f" -> {item.file}" if item.file and item.status == "ok" else ""
-        detail = f" [dim]{item.status}: {item.detail}[/]" if item.status != "ok" else ""
-        err.print(f"{mark} {item.name}{count}{where}{detail}", soft_wrap=True)
+        where = f" -> {escape(str(item.file))}" if item.file and item.status == "ok" else ""
+        detail = (
+            f" [dim]{escape(item.status)}: {escape(str(item.detail))}[/]"
+            if item.status != "ok"
+            else ""
+        )
+        err.print(f"{mark} {escape(str(item.name))}{count}{where}{detail}", soft_wrap=True)
 
     settings = GatherSettings(
         dest=Path(args.dest),
@@ -162,10 +167,10 @@ async def gather(args: argparse.Namespace) -> int:
         since=since,
     )
     try:
-        err.print(f"Gathering maintenance diagnostics from {kube.server}")
+        err.print(f"Gathering maintenance diagnostics from {escape(str(kube.server))}")
         bundle = await Gatherer(kube, settings, progress=progress).run()
     except Unreachable as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     finally:
         await kube.close()
@@ -182,13 +187,15 @@ async def gather(args: argparse.Namespace) -> int:
 
 def _show_plan(out: Console, plan: cl.Plan) -> None:
     if plan.steps:
-        out.print(f"nmo cleanup will change (bypassing the operator) for {plan.node_name}:")
+        out.print(
+            f"nmo cleanup will change (bypassing the operator) for {escape(str(plan.node_name))}:"
+        )
         for step in plan.steps:
-            out.print(f"  - {step}", soft_wrap=True, highlight=False)
+            out.print(f"  - {escape(str(step))}", soft_wrap=True, highlight=False)
     for line in plan.kept:
-        out.print(f"  [dim]keep:[/] {line}", soft_wrap=True, highlight=False)
+        out.print(f"  [dim]keep:[/] {escape(str(line))}", soft_wrap=True, highlight=False)
     for line in plan.notes:
-        out.print(f"  [yellow]note:[/] {line}", soft_wrap=True, highlight=False)
+        out.print(f"  [yellow]note:[/] {escape(str(line))}", soft_wrap=True, highlight=False)
 
 
 def _confirm(out: Console, yes: bool) -> bool | None:
@@ -210,7 +217,7 @@ async def cleanup(args: argparse.Namespace) -> int:
     try:
         return await _cleanup(kube, args, out, err)
     except KubeError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     finally:
         await kube.close()
@@ -239,16 +246,24 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
     seen, plan = await plan_now()
     missing = 0 if plan.node_found else 1
     if missing:
-        err.print(f'[red]error:[/] node "{node}" not found')
+        err.print(f'[red]error:[/] node "{escape(str(node))}" not found')
     if plan.empty:
         _show_plan(out, plan)
         if not missing:
-            out.print(f"Nothing to do: {node} carries no maintenance left by nmo.")
+            out.print(f"Nothing to do: {escape(str(node))} carries no maintenance left by nmo.")
         return missing
-    leader = cl.leader_alive(seen.leader, datetime.now(UTC))
-    if leader and not args.force:
+    leader = None
+    holder = str(((seen.leader or {}).get("spec") or {}).get("holderIdentity") or "")
+    if holder and not args.force:
         err.print(
-            f"[red]refusing:[/] the nmo leader {leader!r} is alive (lease "
+            f"checking whether the nmo leader {escape(repr(holder))} still renews its lease "
+            f"(up to {cl.LEADER_WINDOW:g}s)",
+            soft_wrap=True,
+        )
+        leader = await cl.watch_leader(kube, args.operator_namespace, seen.leader)
+    if leader:
+        err.print(
+            f"[red]refusing:[/] the nmo leader {escape(repr(leader))} is alive (lease "
             f"{args.operator_namespace}/{c.LEADER_ELECTION_ID}); it would redo or undo these "
             "changes. Delete the NodeMaintenance instead (kubectl delete nm <name>), "
             "or pass --force if the operator is known to be stuck."
@@ -273,7 +288,7 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
                 err.print("[red]error:[/] the objects changed while cleaning up; run again")
                 return 1
     for line in done:
-        out.print(f"done: {line}", soft_wrap=True)
+        out.print(f"done: {escape(str(line))}", soft_wrap=True)
     return missing
 
 
@@ -296,7 +311,7 @@ async def status(args: argparse.Namespace) -> int:
             Console().print(st.render(summaries, now))
         return 0
     except (st.StatusError, KubeError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     finally:
         await kube.close()
@@ -336,7 +351,7 @@ async def watch_status(
             except st.StatusError as exc:
                 if last is None:
                     raise
-                err.print(f"{exc} (it was deleted)")
+                err.print(f"{escape(str(exc))} (it was deleted)")
                 return 0
             now = datetime.now(UTC)
             if live is not None:
@@ -364,7 +379,7 @@ async def plan(args: argparse.Namespace) -> int:
         try:
             selector = parse_selector(args.pod_selector)
         except ValueError as exc:
-            err.print(f"[red]error:[/] --pod-selector: {exc}")
+            err.print(f"[red]error:[/] --pod-selector: {escape(str(exc))}")
             return 2
     kube = await connect(args, err)
     if kube is None:
@@ -377,7 +392,7 @@ async def plan(args: argparse.Namespace) -> int:
                 results.append(await plan_node(kube, node, selector))
             except (NodeMissing, KubeError) as exc:
                 errors[node] = str(exc)
-                err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+                err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
     finally:
         await kube.close()
     if args.output == "json":

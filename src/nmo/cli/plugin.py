@@ -235,9 +235,14 @@ async def start(args: argparse.Namespace) -> int:
             err.print(f"error: {exc}", markup=False)
             return 1
         if code == 0:
-            err.print(f"node {args.node} is in maintenance (nodemaintenance/{name} Succeeded)")
+            err.print(
+                f"node {args.node} is in maintenance (nodemaintenance/{name} Succeeded)",
+                markup=False,
+            )
         else:
-            err.print(f"nodemaintenance/{name} did not succeed; see: {PROG} status {name}")
+            err.print(
+                f"nodemaintenance/{name} did not succeed; see: {PROG} status {name}", markup=False
+            )
         return code
     finally:
         await kube.close()
@@ -291,6 +296,7 @@ async def _stop(kube: Kube, args: argparse.Namespace, err: Console) -> int:
         f"waiting for the operator to restore {node} and remove {', '.join(names)} "
         f"(if no operator runs, see: {PROG} cleanup {node})",
         soft_wrap=True,
+        markup=False,
     )
     while True:
         left = await _maintenances_of(kube, node)
@@ -301,5 +307,5 @@ async def _stop(kube: Kube, args: argparse.Namespace, err: Console) -> int:
         if not left and (obj is None or restored(obj)):
             break
         await asyncio.sleep(POLL_SECONDS)
-    err.print(f"node {node} is out of maintenance" if obj else f"node {node} is gone")
+    err.print(f"node {node} is out of maintenance" if obj else f"node {node} is gone", markup=False)
     return 0

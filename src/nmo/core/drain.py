@@ -4,8 +4,10 @@ A pass hands :meth:`Evictor.start` the pods its plan says are due; ``start``
 returns at once. Each eviction runs as its own task (bounded by one
 semaphore across all nodes), records the answer in the pod's
 :class:`~nmo.core.maintenance.drainstate.PodDrainState` in the
-maintenance's memory record, sets when to try again (Retry-After honoured,
-capped jittered backoff) and wakes the CR. Pod deletions are observed by the
+maintenance's memory record, sets when to try again (capped jittered
+backoff; a server's Retry-After, header or ``details.retryAfterSeconds``, is
+honoured even beyond the cap, up to ``max_retry_after``, since no worker waits
+for it) and wakes the CR. Pod deletions are observed by the
 node's pod watch, never polled; a pod held by a PodDisruptionBudget is
 retried as soon as the PDB allows a disruption again (the engine watches
 PDBs and calls :meth:`Evictor.unblock`), the backoff being only a fallback.
@@ -47,6 +49,11 @@ log = logging.getLogger("nmo.drain")
 
 Pod = dict[str, Any]
 
+# A server's Retry-After is honoured up to this long; beyond it, a broken or
+# hostile answer must not park a pod for hours (a PDB that allows a
+# disruption again still wakes it at once).
+MAX_RETRY_AFTER = 300.0
+
 _PDB_NAME = re.compile(r"disruption budget ([A-Za-z0-9.\-]+)")
 
 
@@ -71,6 +78,7 @@ class Evictor:
         max_backoff: float = 15.0,
         conflict_backoff: float = 0.1,
         evicted_recheck: float = 60.0,
+        max_retry_after: float = MAX_RETRY_AFTER,
     ) -> None:
         self.kube = kube
         self.on_change = on_change  # called with the CR name after every answer
@@ -79,6 +87,7 @@ class Evictor:
         self.max_backoff = max_backoff
         self.conflict_backoff = conflict_backoff
         self.evicted_recheck = evicted_recheck
+        self.max_retry_after = max_retry_after
         self._slots = asyncio.Semaphore(max_parallel)
         self.evictions_started = 0
 
@@ -162,7 +171,11 @@ class Evictor:
 
     def _backoff(self, state: PodDrainState, retry_after: float | None, base: float) -> None:
         wait = backoff.delay(
-            state.attempts, base=base, cap=self.max_backoff, retry_after=retry_after
+            state.attempts,
+            base=base,
+            cap=self.max_backoff,
+            retry_after=retry_after,
+            retry_after_limit=self.max_retry_after,
         )
         state.next_attempt = asyncio.get_running_loop().time() + wait
 

@@ -32,7 +32,7 @@ from nmo.api import constants as c
 from nmo.core import slim
 from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
-from nmo.core.errors import Conflict, KubeError
+from nmo.core.errors import Conflict, Forbidden, KubeError
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, node_path
 from nmo.core.leader import LeaderElector, LeaderSettings
@@ -347,6 +347,14 @@ class Engine:
         self.queue.instrument(self.metrics)
         try:
             await self.leases.ensure_namespace()
+        except Forbidden:
+            # The chart grants no namespace create when it creates the lease
+            # namespace itself (leases.createNamespace): it exists already.
+            log.info(
+                "lease namespace %s is not nmo's to create (no RBAC for namespaces): "
+                "leases go into it as it is",
+                self.leases.namespace,
+            )
         except KubeError as exc:
             log.warning("could not ensure lease namespace %s: %s", self.leases.namespace, exc)
         self.leading = True

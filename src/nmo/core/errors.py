@@ -112,12 +112,25 @@ _BY_STATUS: dict[int, type[KubeError]] = {
 }
 
 
+def retry_after_seconds(body: dict[str, Any]) -> float | None:
+    """A Status's ``details.retryAfterSeconds`` (the API server's own field,
+    also sent as the Retry-After header), when positive."""
+    details = body.get("details")
+    value = details.get("retryAfterSeconds") if isinstance(details, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
 def error_for_status(
     status_code: int, body: dict[str, Any], *, retry_after: float | None = None
 ) -> KubeError:
-    """Build the nmo error for an HTTP error response."""
+    """Build the nmo error for an HTTP error response; ``retry_after`` is the
+    Retry-After header, else the body's ``details.retryAfterSeconds``."""
     message = str(body.get("message") or f"HTTP {status_code}")
     reason = str(body.get("reason") or "")
+    if retry_after is None:
+        retry_after = retry_after_seconds(body)
     cls = _BY_STATUS.get(status_code)
     if status_code == 409 and reason == "AlreadyExists":
         cls = AlreadyExists

@@ -17,6 +17,19 @@ renewal in flight past it. When it passes, the leader's work (the engine's
 leader-only runnables) is cancelled and awaited before :class:`LeadershipLost`
 is raised, all before ``lease_duration`` (> ``renew_deadline``) lets a standby
 take over.
+
+Leader election that cannot work says so (issue 11 item 2): while this
+replica is not the leader, an attempt that fails for a reason other than
+another holder (the namespace does not exist, RBAC forbids the Lease, the
+credentials are refused, the API server does not answer) becomes
+:attr:`LeaderElector.problem`, a sentence that names the cause and what to
+pass or create. It is logged at once, again when it changes and every
+:data:`REPEAT_PROBLEM` seconds while it lasts, and the CLI's ``/readyz``
+fails with it; the elector keeps retrying every ``retry_period`` and clears
+the problem on the first attempt that gets an answer. An API server that
+does not answer (a timeout, a 5xx) is logged at once too, but is a problem
+for readiness only once it has lasted ``renew_deadline``, so that one slow
+answer does not take a replica out of its Service.
 """
 
 from __future__ import annotations
@@ -29,11 +42,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nmo.core.errors import AlreadyExists, Conflict, KubeError, NotFound
+from nmo.core.errors import (
+    AlreadyExists,
+    Conflict,
+    Forbidden,
+    KubeError,
+    NotFound,
+    Transient,
+    Unauthorized,
+)
 from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.lease import format_micro
 
 log = logging.getLogger("nmo.leader")
+
+REPEAT_PROBLEM = 30.0  # seconds between repeats of an unchanged problem in the log
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
 
 
 @dataclass
@@ -61,6 +85,41 @@ class LeadershipLost(Exception):
     """The leader could not renew its lease in time."""
 
 
+def explain(exc: KubeError, *, method: str, settings: LeaderSettings) -> str:
+    """Why an attempt at the leader Lease failed, and what to do about it."""
+    ns, lease = settings.namespace, f"{settings.namespace}/{settings.name}"
+    retrying = f"retrying every {settings.retry_period:g}s"
+    elsewhere = "pass --leader-election-namespace=<namespace>"
+    if method == "POST" and isinstance(exc, NotFound):
+        return (
+            f'leader election cannot work: namespace "{ns}" does not exist, so the Lease '
+            f"{lease} cannot be created; create it (kubectl create namespace {ns}), "
+            f"{elsewhere} naming one that exists, or run one replica without --leader-elect; "
+            f"{retrying}"
+        )
+    if isinstance(exc, Forbidden) and exc.has_cause("NamespaceTerminating"):
+        return (
+            f'leader election cannot work: namespace "{ns}" is being deleted, so the Lease '
+            f"{lease} cannot be created; wait until it is gone and create it again, or "
+            f"{elsewhere}; {retrying}"
+        )
+    if isinstance(exc, Forbidden):
+        verb = _VERBS.get(method, method.lower())
+        return (
+            f"leader election cannot work: not allowed to {verb} the Lease {lease}: "
+            f"{exc.message}; grant get, create and update on leases.coordination.k8s.io in "
+            f'namespace "{ns}" (the chart\'s leader-election Role does), or {elsewhere} '
+            f"where it is allowed; {retrying}"
+        )
+    if isinstance(exc, Unauthorized):
+        return (
+            f"leader election cannot work: the API server refuses this process's credentials "
+            f"({exc.message}); check --kubeconfig or the service account token; {retrying}"
+        )
+    verb = _VERBS.get(method, method.lower())
+    return f"leader election cannot {verb} the Lease {lease}: {exc}; {retrying}"
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -77,6 +136,12 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_ok = 0.0  # clock() when the last successful renewal began
         self.transitions = 0
+        # Why this replica can neither lead nor stand by (None: it can).
+        self._problem: str | None = None
+        self._problem_since = 0.0
+        self._problem_logged = 0.0
+        self._problem_transient = False
+        self._method = ""  # of the request in flight, for explain()
 
     @property
     def path(self) -> str:
@@ -110,6 +175,7 @@ class LeaderElector:
     ) -> dict[str, Any]:
         """One leader-election request: its own budget, no boundary retries
         when bounded (the renew loop retries within the deadline itself)."""
+        self._method = method
         if timeout is None:
             return await self.kube.request(method, path, body=body)
         return await self.kube.request(
@@ -157,12 +223,53 @@ class LeaderElector:
             log.warning("leader election: %s", exc)
         return False
 
+    async def _acquire(self, budget: float) -> bool:
+        """One attempt to become leader; a failure becomes :attr:`problem`."""
+        try:
+            async with asyncio.timeout(budget):
+                acquired = await self.try_acquire_or_renew(timeout=budget)
+        except TimeoutError:
+            self._report(
+                f"leader election cannot work: no answer from the API server within "
+                f"{budget:.1f}s; retrying every {self.s.retry_period:g}s",
+                transient=True,
+            )
+            return False
+        except KubeError as exc:
+            transient = isinstance(exc, Transient) or exc.status_code == 429
+            self._report(explain(exc, method=self._method, settings=self.s), transient=transient)
+            return False
+        if self._problem is not None:
+            log.info(
+                "leader election works again: the Lease %s/%s answered",
+                self.s.namespace,
+                self.s.name,
+            )
+            self._problem = None
+        return acquired
+
+    def _report(self, problem: str, *, transient: bool = False) -> None:
+        now = self.clock()
+        if problem != self._problem or now - self._problem_logged >= REPEAT_PROBLEM:
+            log.log(logging.WARNING if transient else logging.ERROR, "%s", problem)
+            self._problem_logged = now
+        if self._problem is None or transient != self._problem_transient:
+            self._problem_since = now
+        self._problem, self._problem_transient = problem, transient
+
+    @property
+    def problem(self) -> str | None:
+        """Why this replica can neither lead nor stand by (None: it can)."""
+        if self._problem_transient and self.clock() - self._problem_since < self.s.renew_deadline:
+            return None
+        return self._problem
+
     async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Wait for leadership, then run ``lead`` while renewing; raise on loss."""
         log.info("leader election: waiting for lease %s/%s", self.s.namespace, self.s.name)
         while True:
             started = self.clock()
-            if await self._attempt(self.s.renew_deadline):
+            if await self._acquire(self.s.renew_deadline):
                 break
             await asyncio.sleep(self.s.retry_period)
         self.is_leader = True

@@ -4,6 +4,10 @@ Text for humans (``--log-format text``) or one JSON object per line for log
 pipelines (``--log-format json``). Extra fields passed with ``extra=`` (the
 maintenance, node, pod...) are kept in both forms, so
 ``kubectl logs ... | grep -i "maintenance\\|lease\\|drain"`` finds the story.
+The JSON keys are zap's (``ts``, ``level``, ``logger``, ``msg``); ``ts`` is
+ISO 8601 in milliseconds unless a zap time encoding is chosen
+(``--zap-time-encoding``: ``epoch``, ``millis``, ``nanos``, ``iso8601``,
+``rfc3339``, ``rfc3339nano``), written as zap writes it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,33 @@ def _extras(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
 
 
+def _timestamp(created: float, encoding: str | None) -> object:
+    """``ts`` of one record in zap's ``encoding`` (None: nmo's ISO 8601, ms)."""
+    when = datetime.fromtimestamp(created, UTC)
+    if encoding == "epoch":
+        return created
+    if encoding == "millis":
+        return created * 1000
+    if encoding == "nanos":
+        return int(created * 1_000_000_000)
+    if encoding == "iso8601":
+        return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    if encoding == "rfc3339":
+        return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if encoding == "rfc3339nano":  # Go drops the fraction's trailing zeros
+        fraction = f"{when.microsecond:06d}".rstrip("0")
+        return when.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+    return when.isoformat(timespec="milliseconds")
+
+
 class JsonFormatter(logging.Formatter):
+    def __init__(self, time_encoding: str | None = None) -> None:
+        super().__init__()
+        self.time_encoding = time_encoding
+
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, object] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": _timestamp(record.created, self.time_encoding),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -46,9 +73,9 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup(level: str = "info", fmt: str = "text") -> None:
+def setup(level: str = "info", fmt: str = "text", *, time_encoding: str | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter(time_encoding) if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -208,7 +208,7 @@ class Reconciler:
     async def _daemonsets(self, record: Memory, pods: tuple[Obj, ...]) -> None:
         """Learn, once per maintenance, whether each DaemonSet owner exists."""
         for pod in pods:
-            owner = podselect.daemonset_owner(pod)
+            owner = podselect.running_daemonset_owner(pod)
             if owner is None or owner in record.daemonsets:
                 continue
             ns, name = owner.split("/", 1)
@@ -462,9 +462,6 @@ class Reconciler:
     async def _restore(self, obs: Observed, patch: list[Obj]) -> None:
         """Apply a restore patch; on a concurrent node change, re-plan it on fresh state."""
         node_name = obs.nm.spec.node_name
-        prior = nodeplan.PriorState.from_annotation(
-            obs.nm.metadata.annotations.get(c.PRIOR_STATE_ANNOTATION)
-        )
         ops: list[Obj] | None = patch
         for _ in range(5):
             if ops is None:
@@ -477,7 +474,10 @@ class Reconciler:
             except KubeError as exc:
                 if exc.status_code not in (409, 422):
                     raise
-            ops = nodeplan.leave_patch(await self.kube.get(node_path(node_name)), prior)
+            fresh = await self.kube.get(node_path(node_name))
+            prior = nodeplan.prior_for(fresh, obs.nm.metadata.uid)
+            ended = obs.nm.metadata.deletion_timestamp is not None
+            ops = nodeplan.leave_patch(fresh, prior, forget=ended)
         raise Conflict("node kept changing while restoring it")
 
 

@@ -38,11 +38,20 @@ def maintenance(obj: Obj) -> Obj:
 
 def node(obj: Obj) -> Obj:
     """Node: identity, labels (webhook's control-plane check, the label nmo sets),
-    taints and cordon (enter/leave patches), Ready condition."""
+    taints and cordon (enter/leave patches), Ready condition, and of the
+    annotations only nmo's prior-state record. The annotations map stays
+    (empty if need be) when the node has one, so a patch adding the record
+    adds a key to it instead of replacing a map it cannot see."""
+    meta = _meta(obj, ("name", "uid", "resourceVersion", "creationTimestamp", "labels"))
+    annotations = (obj.get("metadata") or {}).get("annotations")
+    if isinstance(annotations, dict):
+        meta["annotations"] = {
+            k: v for k, v in annotations.items() if k == c.PRIOR_STATE_ANNOTATION
+        }
     out: Obj = {
         "apiVersion": obj.get("apiVersion", "v1"),
         "kind": obj.get("kind", "Node"),
-        "metadata": _meta(obj, ("name", "uid", "resourceVersion", "creationTimestamp", "labels")),
+        "metadata": meta,
         "spec": _pick(obj.get("spec"), ("taints", "unschedulable")),
     }
     conditions = (obj.get("status") or {}).get("conditions") or []

@@ -13,37 +13,46 @@ concurrency (:func:`execute`). It guarantees:
   its holder is ``node-maintenance``, and the ``foregroundDeleteNodeMaintenance``
   finalizer; every other taint, label, lease and finalizer is kept and
   reported;
-* a recorded prior state (B7) wins: a node cordoned before the maintenance
-  stays cordoned, a taint or label that existed before stays;
+* a recorded prior state (B7, on the node, written by nmo) wins: a node
+  cordoned before the maintenance stays cordoned, a taint or label that
+  existed before stays; the record is removed with the marks;
+* the exclude-from-remediation label goes only with a sign that a
+  maintenance set it (nmo's record, the drain taint, or the node lease held
+  by ``node-maintenance``): otherwise it is an admin's, and stays;
 * a cordon with no sign of maintenance is an admin's, and is left alone;
 * a second run finds nothing to do.
 
 Cleanup bypasses the operator. While an nmo leader is alive it would redo or
-undo the changes, so :func:`leader_alive` lets the CLI refuse.
+undo the changes, so :func:`watch_leader` lets the CLI refuse: the leader is
+alive when its lease moves between two reads, whatever the clocks say.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.errors import NotFound
 from nmo.core.kube import Kube, api_path, nm_path, node_path
-from nmo.core.maintenance.lease import lease_times
-from nmo.core.maintenance.node import PriorState, restore
+from nmo.core.maintenance.node import recorded_prior, restore
 
 Obj = dict[str, Any]
 
 LABEL_KEYS = (c.EXCLUDE_FROM_REMEDIATION_LABEL, c.GUIDE_EXCLUDE_LABEL)
+# How long cleanup watches the leader lease for a renewal. A live leader
+# (nmo or the Go NMO) renews every 2 s, so 5 s sees at least two renewals.
+LEADER_WINDOW = 5.0
 
 
 class StepKind(enum.StrEnum):
     UNCORDON = "uncordon"
     REMOVE_TAINT = "remove-taint"
     REMOVE_LABEL = "remove-label"
+    REMOVE_RECORD = "remove-record"
     RELEASE_LEASE = "release-lease"
     REMOVE_FINALIZER = "remove-finalizer"
     DELETE_MAINTENANCE = "delete-nodemaintenance"
@@ -73,38 +82,65 @@ class Plan:
     node_patch: list[Obj] | None = None
     lease: Obj | None = None  # our lease, deleted with uid/resourceVersion preconditions
     finalizer_patches: tuple[tuple[str, list[Obj]], ...] = ()
-    deletions: tuple[str, ...] = ()
+    deletions: tuple[tuple[str, str], ...] = ()  # (name, uid): deleted with a uid precondition
 
     @property
     def empty(self) -> bool:
         return not self.steps
 
 
-def leader_alive(lease: Obj | None, now: datetime) -> str | None:
-    """The holder of a live leader-election lease, or None."""
-    if not lease:
-        return None
-    spec = lease.get("spec") or {}
-    holder = str(spec.get("holderIdentity") or "")
-    _, expires = lease_times(spec)
-    if not holder or expires is None:
-        return None
-    return holder if expires > now else None
+def _holder(lease: Obj | None) -> str:
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
 
 
-def prior_from(maintenances: list[Obj]) -> tuple[PriorState | None, str]:
-    """The prior state recorded by the oldest CR that has one, and that CR's name."""
-    ordered = sorted(
-        maintenances, key=lambda m: str((m.get("metadata") or {}).get("creationTimestamp") or "")
+def leader_alive(first: Obj | None, later: Obj | None) -> str | None:
+    """The holder of the leader-election lease if a leader renewed it between two reads.
+
+    Evidence of life is the lease moving (its resourceVersion or renewTime
+    changed, or another holder took it), never its renewTime against this
+    machine's clock: a leader whose clock runs behind looks expired while it
+    renews, and a dead one whose clock ran ahead looks alive for as long as
+    its clock was off.
+    """
+    holder = _holder(later)
+    if first is None or later is None or not holder:
+        return None
+    before, after = first.get("metadata") or {}, later.get("metadata") or {}
+    moved = (
+        before.get("resourceVersion") != after.get("resourceVersion")
+        or (first.get("spec") or {}).get("renewTime") != (later.get("spec") or {}).get("renewTime")
+        or _holder(first) != holder
     )
-    for nm in ordered:
-        meta = nm.get("metadata") or {}
-        prior = PriorState.from_annotation(
-            (meta.get("annotations") or {}).get(c.PRIOR_STATE_ANNOTATION)
-        )
-        if prior is not None:
-            return prior, str(meta.get("name", ""))
-    return None, ""
+    return holder if moved else None
+
+
+async def watch_leader(
+    kube: Kube,
+    namespace: str,
+    first: Obj | None,
+    *,
+    window: float = LEADER_WINDOW,
+    poll: float = 0.5,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> str | None:
+    """Re-read the leader lease for up to ``window`` seconds; the live holder, or None.
+
+    A lease with no holder answers at once. Otherwise it is read again every
+    ``poll`` seconds until it moves (a live leader renews every 2 s) or the
+    window has passed.
+    """
+    if not _holder(first):
+        return None
+    waited = 0.0
+    while waited < window:
+        await sleep(poll)
+        waited += poll
+        later = await _get_or_none(kube, lease_path(namespace, c.LEADER_ELECTION_ID))
+        if later is None:
+            return None
+        if (holder := leader_alive(first, later)) is not None:
+            return holder
+    return None
 
 
 @dataclass
@@ -119,21 +155,32 @@ def _node_changes(
 ) -> list[Obj] | None:
     labels = (node.get("metadata") or {}).get("labels") or {}
     taints: list[Obj] = list((node.get("spec") or {}).get("taints") or [])
-    prior, prior_cr = prior_from(maintenances)
-    evidence = (
-        any(t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints)
-        or any(k in labels for k in LABEL_KEYS)
-        or bool(maintenances)
-        or our_lease
+    prior = recorded_prior(node)  # on the node: only a Node writer can have set it
+    drain_taint = any(
+        t.get("key") == c.DRAIN_TAINT_KEY and t.get("effect") == c.TAINT_EFFECT for t in taints
     )
+    evidence = drain_taint or bool(maintenances) or our_lease or prior is not None
+    # The exclude label stops remediation of the node: an admin may have set
+    # it on purpose. It goes only with a sign that a maintenance set it: nmo's
+    # record (which says whether it was there before), the drain taint that
+    # is set with it, or the node lease held by node-maintenance.
+    label_is_ours = prior is not None or drain_taint or our_lease
+    target = f"node/{node['metadata']['name']}"
     plan = restore(
         node,
         prior,
-        labels=LABEL_KEYS,
+        labels=LABEL_KEYS if label_is_ours else (),
         cordon_is_ours=evidence,
-        recorded=f"recorded on nodemaintenance/{prior_cr}",
+        recorded=f"recorded on {target} by nmo",
+        forget=True,
     )
-    target = f"node/{node['metadata']['name']}"
+    if not label_is_ours:
+        draft.kept.extend(
+            f"{target}: label {key} shows no sign that a maintenance set it; left alone "
+            f"(kubectl label node {node['metadata']['name']} {key}- if you mean it)"
+            for key in LABEL_KEYS
+            if key in labels
+        )
     draft.steps.extend(Step(StepKind(kind), target, what) for kind, what in plan.removed)
     draft.kept.extend(plan.kept)
     return plan.ops
@@ -164,7 +211,7 @@ def plan_cleanup(
         who = f"held by {lease_holder}" if lease_holder else "has no holder"
         draft.kept.append(f"{lease_ref}: {who}, not nmo's; left alone")
     patches: list[tuple[str, list[Obj]]] = []
-    deletions: list[str] = []
+    deletions: list[tuple[str, str]] = []
     for nm in maintenances:
         meta = nm.get("metadata") or {}
         name = str(meta.get("name", ""))
@@ -179,6 +226,7 @@ def plan_cleanup(
                 (
                     name,
                     [
+                        {"op": "test", "path": "/metadata/uid", "value": meta.get("uid", "")},
                         {
                             "op": "test",
                             "path": "/metadata/resourceVersion",
@@ -194,7 +242,7 @@ def plan_cleanup(
             continue
         if delete_maintenances:
             draft.steps.append(Step(StepKind.DELETE_MAINTENANCE, target, "delete"))
-            deletions.append(name)
+            deletions.append((name, str(meta.get("uid", ""))))
         else:
             draft.notes.append(
                 f"{target} still exists: when the operator runs again it puts {node_name} "
@@ -282,9 +330,10 @@ async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
         except NotFound:
             continue
         done.append(f"nodemaintenance/{name}: removed finalizer {c.FINALIZER}")
-    for name in plan.deletions:
+    for name, uid in plan.deletions:
         try:
-            await kube.delete(f"{NM_PATH}/{name}")
+            # The CR the user confirmed, not one re-created under its name since.
+            await kube.delete(f"{NM_PATH}/{name}", body={"preconditions": {"uid": uid}})
         except NotFound:
             continue
         done.append(f"nodemaintenance/{name}: deleted")
@@ -293,4 +342,4 @@ async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
 
 def same_or_smaller(new: Plan, confirmed: Plan) -> bool:
     """Whether a re-computed plan only does what the user already confirmed."""
-    return set(new.steps) <= set(confirmed.steps)
+    return set(new.steps) <= set(confirmed.steps) and set(new.deletions) <= set(confirmed.deletions)

@@ -167,6 +167,11 @@ def _ago(value: str | None, now: datetime) -> str:
     return f"in {text}" if future else f"{text} ago"
 
 
+def _plain(*cells: object) -> list[Text]:
+    """Table cells as plain text: cluster strings are never read as Rich markup."""
+    return [Text(str(cell)) for cell in cells]
+
+
 def _lease_text(lease: Obj | None, now: datetime) -> Text:
     if lease is None:
         return Text("none", style="dim")
@@ -181,7 +186,7 @@ def render_one(s: Obj, now: datetime) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("Node", s.get("node") or "-")
+    head.add_row("Node", Text(str(s.get("node") or "-")))
     head.add_row(
         "Phase",
         Text(
@@ -195,7 +200,7 @@ def render_one(s: Obj, now: datetime) -> RenderableType:
     pods = f"{s.get('evictionPods') or 0} to evict of {s.get('totalPods') or 0} on the node"
     head.add_row("Pods", pods)
     if s.get("reason"):
-        head.add_row("Reason", str(s["reason"]))
+        head.add_row("Reason", Text(str(s["reason"])))
     head.add_row("Lease", _lease_text(s.get("lease"), now))
     if s.get("errorOnLeaseCount"):
         head.add_row("Lease errors", str(s["errorOnLeaseCount"]))
@@ -209,11 +214,13 @@ def render_one(s: Obj, now: datetime) -> RenderableType:
             pending.add_column(col)
         for p in s["pendingPods"]:
             pending.add_row(
-                f"{p['namespace']}/{p['name']}",
-                p.get("reason") or "-",
-                p.get("disruptionBudget") or "-",
-                _ago(p.get("since"), now) if p.get("since") else "-",
-                p.get("message") or "",
+                *_plain(
+                    f"{p['namespace']}/{p['name']}",
+                    p.get("reason") or "-",
+                    p.get("disruptionBudget") or "-",
+                    _ago(p.get("since"), now) if p.get("since") else "-",
+                    p.get("message") or "",
+                )
             )
         parts.append(pending)
     if s.get("events"):
@@ -222,14 +229,17 @@ def render_one(s: Obj, now: datetime) -> RenderableType:
             events.add_column(col)
         for e in s["events"][-5:]:
             events.add_row(
-                _ago(e.get("time"), now),
-                e.get("type") or "",
-                e.get("reason") or "",
-                e.get("object") or "",
-                e.get("message") or "",
+                *_plain(
+                    _ago(e.get("time"), now),
+                    e.get("type") or "",
+                    e.get("reason") or "",
+                    e.get("object") or "",
+                    e.get("message") or "",
+                )
             )
         parts.append(events)
-    return Panel(Group(*parts), title=f"nodemaintenance/{s.get('name')}", title_align="left")
+    title = Text(f"nodemaintenance/{s.get('name')}")
+    return Panel(Group(*parts), title=title, title_align="left")
 
 
 def render(summaries: list[Obj], now: datetime) -> RenderableType:

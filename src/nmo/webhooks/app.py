@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nmo.api.constants import WEBHOOK_NAME, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
+from nmo.webhooks import incidents
 from nmo.webhooks.admission import (
     AdmissionRequest,
     AdmissionReview,
@@ -209,11 +210,11 @@ def create_webhook_app(
             request = parsed.request
             try:
                 decision = await decide(request, lookups)
-            except Exception as exc:
-                log.exception(
-                    "maintenance admission failed unexpectedly", extra={"uid": request.uid}
+            except Exception:
+                shown = incidents.report(
+                    log, "maintenance admission failed unexpectedly", uid=request.uid
                 )
-                decision = Decision(False, f"internal error: {exc}", 500, "InternalError", "error")
+                decision = Decision(False, shown, 500, "InternalError", "error")
             _log_decision(request, decision)
             metrics.webhook_admissions.labels(
                 operation=request.operation, result=decision.result

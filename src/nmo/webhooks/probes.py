@@ -8,7 +8,9 @@ Kubernetes component uses:
 * a check fails: HTTP 500 and the list, ``[-]<name> failed: <reason>``,
   ending in ``<endpoint> check failed``. Unlike controller-runtime the reason
   is shown (these ports carry no secrets and "why is the pod not ready" is
-  the question the probes exist to answer);
+  the question the probes exist to answer). Only a :class:`CheckFailed`
+  message is a reason; any other exception is a bug whose text may say too
+  much, so it reads ``internal error (ref <id>)`` and the log has it;
 * ``?exclude=<name>`` skips a check; ``/readyz/<name>`` runs just one.
 
 A check is a callable that returns (sync or async) when healthy and raises
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
+
+from nmo.webhooks import incidents
 
 log = logging.getLogger("nmo.webhooks.probes")
 
@@ -89,8 +93,12 @@ class Probes:
                 await asyncio.wait_for(result, self.timeout)
         except TimeoutError:
             return CheckStatus(name, False, f"timed out after {self.timeout:g}s")
-        except Exception as exc:
+        except CheckFailed as exc:
             return CheckStatus(name, False, str(exc) or type(exc).__name__)
+        except Exception:  # a bug, not a verdict: its text stays in the log
+            return CheckStatus(
+                name, False, incidents.report(log, f"check {name} raised", check=name)
+            )
         return CheckStatus(name, True)
 
     async def run(self, endpoint: str, exclude: set[str]) -> list[CheckStatus]:

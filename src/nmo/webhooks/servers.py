@@ -67,6 +67,10 @@ class ServerSettings:
     """Where and how the servers listen. A port of None turns a server off."""
 
     bind_address: str = "0.0.0.0"
+    # Per-server hosts (the Go flags --health-probe-bind-address and
+    # --metrics-bind-address); None: ``bind_address``; "": every interface.
+    probes_bind_address: str | None = None
+    metrics_bind_address: str | None = None
     webhook_port: int | None = 9443
     probes_port: int | None = 8081
     metrics_port: int | None = 8443
@@ -139,6 +143,8 @@ def bind(host: str, port: int) -> socket.socket:
     headers and body separately, TLS adds session tickets) until the client's
     delayed ACK, 40 ms later.
     """
+    if host == "":  # every interface, as Go's net.Listen(":port"): IPv6 and IPv4 when possible
+        host = "::" if socket.has_dualstack_ipv6() else "0.0.0.0"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
@@ -154,6 +160,24 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+SHARED_MEMORY = "/dev/shm"
+
+
+def private_dir(prefix: str, *, fallback: str = SHARED_MEMORY) -> Path:
+    """A new 0700 directory in the temporary directory, else in ``fallback``.
+
+    The Go NMO's Deployment and CSV run with a read-only root filesystem and
+    no volume at /tmp (controller-runtime keeps its self-signed metrics
+    certificate in memory); the container's /dev/shm is a tmpfs of its own
+    that stays writable there.
+    """
+    try:
+        return Path(tempfile.mkdtemp(prefix=prefix))
+    except OSError as exc:
+        log.info("no writable temporary directory (%s); using %s", exc, fallback)
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=fallback))
 
 
 class WebhookState:
@@ -221,7 +245,7 @@ class Servers:
         if s.metrics_cert_dir is not None:
             cert = ReloadingCertificate(s.metrics_cert_dir)
         else:
-            self._tmp = Path(tempfile.mkdtemp(prefix="nmo-metrics-cert-"))
+            self._tmp = private_dir("nmo-metrics-cert-")
             write_self_signed(self._tmp, ["localhost", "127.0.0.1", socket.gethostname()])
             cert = ReloadingCertificate(self._tmp)
             log.info("metrics server uses a self-signed certificate")
@@ -310,7 +334,9 @@ class Servers:
             timeout_keep_alive=s.keep_alive_seconds,
             **options,
         )
-        sock = bind(s.bind_address, port)
+        host = {"probes": s.probes_bind_address, "metrics": s.metrics_bind_address}.get(name)
+        host = s.bind_address if host is None else host
+        sock = bind(host, port)
         try:
             server = _EmbeddedServer(config, limits=s.connection_limits, name=name)
             config.load()
@@ -325,7 +351,7 @@ class Servers:
         log.info(
             "%s server listening",
             name,
-            extra={"address": s.bind_address, "port": self.ports[name], "tls": ctx is not None},
+            extra={"address": host or "*", "port": self.ports[name], "tls": ctx is not None},
         )
 
     def listener(self, name: str) -> Listener:

@@ -13,11 +13,15 @@ Guarantees:
   refused without a lookup), no NodeMaintenance for the node (one being
   deleted counts), then the OpenShift etcd quorum check for control-plane
   nodes; the first failing rule decides the message.
-* A lookup failure always denies, with a ``..., please try again: <err>`` text.
+* A lookup failure always denies, with a ``..., please try again: <err>`` text;
+  the node, NodeMaintenance and quorum-node lookups read exactly as NMO's
+  (``could not get node for validating spec.NodeName, please try again:
+  could not get node: <err>``).
 * The duplicate check claims the node through :meth:`Lookups.claim_node`; a
   claim is released again whenever this function ends up denying, so a denied
   create never blocks a later one.
-* UPDATE refuses a changed ``spec.nodeName``; everything else is allowed.
+* UPDATE refuses a changed ``spec.nodeName`` and a changed ``spec.drain``
+  that is invalid; everything else is allowed, without a lookup.
 * An admitted CREATE (dry run or not) carries admission warnings when a
   PodDisruptionBudget covering a pod the drain would evict allows no
   disruption right now (:func:`budget_warnings`); finding out never refuses
@@ -45,6 +49,8 @@ Obj = Mapping[str, Any]
 GET_NODE_FAILED = "could not get node for validating spec.NodeName"
 LIST_MAINTENANCES_FAILED = "could not list NodeMaintenances for validating spec.NodeName"
 QUORUM_GET_NODE_FAILED = "could not get node for master/control-plane quorum validation"
+# NMO's node GET wraps the client error once more before either text above.
+GET_NODE_ERROR = "could not get node: {err}"
 # NMO returns the raw client error in these two cases; nmo keeps the
 # "please try again" shape so every lookup failure reads the same.
 QUORUM_DISCOVERY_FAILED = "could not check for OpenShift for master/control-plane quorum validation"
@@ -165,11 +171,17 @@ def _disruptions_allowed(pdb: Obj) -> int:
         return 0
 
 
-def _ready_status(pod: Obj) -> str | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return str(cond.get("status"))
-    return None
+def guard_ready(pod: Obj) -> bool:
+    """medik8s/common's reading of a guard pod: Ready when any ``Ready``
+    condition is ``True`` or ``Unknown`` (a pod about to become Ready is not
+    disrupted yet); ``False``, or no Ready condition at all, is not Ready."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(cond, Mapping)
+        and cond.get("type") == "Ready"
+        and cond.get("status") in ("True", "Unknown")
+        for cond in conditions
+    )
 
 
 def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name: str) -> bool:
@@ -177,8 +189,9 @@ def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name:
 
     No PDB in ``openshift-etcd``, or more than one: the quorum cannot be
     assessed, refuse. ``status.disruptionsAllowed >= 1``: allowed. Otherwise
-    the node may only go when it is already disrupted: its guard pod (matched
-    by the PDB selector) is explicitly not Ready, or it has no guard pod.
+    the node may only go when it is already disrupted: its guard pod (the
+    first pod on the node matched by the PDB selector) is not Ready
+    (:func:`guard_ready`), or it has no guard pod.
     """
     if len(pdbs) != 1:
         return False
@@ -192,7 +205,7 @@ def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name:
             continue
         if not selector_matches(selector, labels):
             continue
-        return _ready_status(pod) == "False"
+        return not guard_ready(pod)
     return True
 
 
@@ -201,7 +214,7 @@ async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
-        return Decision.failed(QUORUM_GET_NODE_FAILED, exc)
+        return Decision.failed(QUORUM_GET_NODE_FAILED, GET_NODE_ERROR.format(err=exc))
     if node is None:
         return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
     # Consulted only for control-plane nodes so that a discovery outage
@@ -255,7 +268,7 @@ async def validate_create(
     try:
         node = await lookups.get_node(node_name)
     except LookupFailed as exc:
-        return Decision.failed(GET_NODE_FAILED, exc)
+        return Decision.failed(GET_NODE_FAILED, GET_NODE_ERROR.format(err=exc))
     if node is None:
         return Decision.deny(Messages.WEBHOOK_NO_NODE.format(node=node_name))
     try:
@@ -300,10 +313,26 @@ async def budget_warnings(new: Obj, node_name: str, lookups: Lookups) -> list[st
         return []
 
 
+def _drain_of(obj: Obj) -> object:
+    spec = obj.get("spec")
+    return spec.get("drain") if isinstance(spec, Mapping) else None
+
+
 def validate_update(old: Obj | None, new: Obj) -> Decision:
-    """Rules for a changed NodeMaintenance: the node cannot be swapped."""
+    """Rules for a changed NodeMaintenance: the node cannot be swapped, and a
+    changed ``spec.drain`` must be valid.
+
+    Without lookups, so it answers at once. Exactly the UPDATEs the chart's
+    matchConditions keep from the webhook (same nodeName, same drain:
+    finalizer, label, annotation changes) are allowed whatever the object
+    holds, so the finalizer of a CR whose old ``spec.drain`` would no longer
+    pass can still be removed where the webhook sees every UPDATE
+    (Kubernetes before 1.28, see the chart's templates/webhook.yaml).
+    """
     if old is not None and node_name_of(old) != node_name_of(new):
         return Decision.deny(Messages.WEBHOOK_NODENAME_CHANGED)
+    if old is not None and _drain_of(old) == _drain_of(new):
+        return Decision.allow()
     if (problem := drain_spec_error(new)) is not None:
         return Decision.deny(problem)
     return Decision.allow()

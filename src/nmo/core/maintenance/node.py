@@ -2,9 +2,17 @@
 
 Entering maintenance adds the exclude-from-remediation label, the two
 maintenance taints (every other taint is kept) and ``spec.unschedulable``.
-Before touching the node, the CR records the node's prior state (was it
-cordoned, which maintenance taints were already there) so leaving
-maintenance restores it instead of blindly uncordoning (B7).
+The node's prior state (was it cordoned, which maintenance taints and the
+label were already there) is recorded so leaving maintenance restores it
+instead of blindly uncordoning (B7).
+
+Where the record lives decides who can forge it. It is an annotation on the
+Node, written in the same guarded patch that first puts the node into
+maintenance, and bound to the uid of the NodeMaintenance that wrote it.
+So it is exactly the state before nmo's first change; only someone who may
+write the Node (and could cordon it and label it anyway) can change it; a
+CR's author cannot pre-set it (an annotation on the CR is not read), and a
+record left by an earlier maintenance is not taken for this one's.
 
 Taint changes are JSON patches with a ``test`` on the node's
 resourceVersion: a concurrent change answers 409 and the reconcile retries on
@@ -14,7 +22,7 @@ fresh state, so no other writer's taint is ever lost.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nmo.api import constants as c
@@ -29,10 +37,16 @@ class PriorState:
     unschedulable: bool = False
     taints: tuple[str, ...] = ()  # maintenance taint keys that already existed
     label: bool = False  # exclude-from-remediation label already present
+    maintenance: str = ""  # uid of the NodeMaintenance that recorded it
 
     def to_annotation(self) -> str:
         return json.dumps(
-            {"unschedulable": self.unschedulable, "taints": list(self.taints), "label": self.label},
+            {
+                "unschedulable": self.unschedulable,
+                "taints": list(self.taints),
+                "label": self.label,
+                "maintenance": self.maintenance,
+            },
             sort_keys=True,
         )
 
@@ -46,9 +60,22 @@ class PriorState:
                 unschedulable=bool(data.get("unschedulable", False)),
                 taints=tuple(str(t) for t in data.get("taints", [])),
                 label=bool(data.get("label", False)),
+                maintenance=str(data.get("maintenance") or ""),
             )
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             return None
+
+
+def recorded_prior(node: Node) -> PriorState | None:
+    """The prior state recorded on the node, whichever maintenance wrote it."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return PriorState.from_annotation(annotations.get(c.PRIOR_STATE_ANNOTATION))
+
+
+def prior_for(node: Node | None, maintenance_uid: str) -> PriorState | None:
+    """The prior state the given NodeMaintenance recorded on the node, or None."""
+    prior = recorded_prior(node) if node is not None and maintenance_uid else None
+    return prior if prior is not None and prior.maintenance == maintenance_uid else None
 
 
 def _taints(node: Node) -> list[dict[str, Any]]:
@@ -89,11 +116,31 @@ def _guarded(node: Node, ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
 
 
-def enter_patch(node: Node) -> list[dict[str, Any]] | None:
-    """A guarded JSON patch putting the node into maintenance, or None if done."""
-    if in_maintenance(node):
+def enter_patch(node: Node, *, record_for: str = "") -> list[dict[str, Any]] | None:
+    """A guarded JSON patch putting the node into maintenance, or None if done.
+
+    ``record_for`` is the uid of a NodeMaintenance taking the node for the
+    first time: unless the node already carries that maintenance's record,
+    the patch records the node's current state, bound to the uid.
+    """
+    record = bool(record_for) and prior_for(node, record_for) is None
+    if in_maintenance(node) and not record:
         return None
     ops: list[dict[str, Any]] = []
+    if record:
+        value = replace(prior_state(node), maintenance=record_for).to_annotation()
+        if (node.get("metadata") or {}).get("annotations") is None:
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {c.PRIOR_STATE_ANNOTATION: value},
+                }
+            )
+        else:
+            ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": value})
+    if in_maintenance(node):
+        return _guarded(node, ops)
     labels = (node.get("metadata") or {}).get("labels")
     if not has_label(node):
         if labels is None:
@@ -136,7 +183,7 @@ class Restore:
     uncordon: bool = False
     removed: tuple[
         tuple[str, str], ...
-    ] = ()  # ("uncordon" | "remove-taint" | "remove-label", what)
+    ] = ()  # ("uncordon" | "remove-taint" | "remove-label" | "remove-record", what)
     kept: tuple[str, ...] = ()  # what stays, and why
 
 
@@ -147,6 +194,7 @@ def restore(
     labels: tuple[str, ...] = (c.EXCLUDE_FROM_REMEDIATION_LABEL,),
     cordon_is_ours: bool = True,
     recorded: str = "",
+    forget: bool = False,
 ) -> Restore:
     """The one restore planner, shared by the reconciler and ``nmo cleanup`` (B7, B11).
 
@@ -157,7 +205,10 @@ def restore(
     a prior state (a CR the Go NMO created) this does what the Go NMO does.
     ``cordon_is_ours=False`` (cleanup found no sign of a maintenance) leaves
     a cordon alone: it is an admin's. ``recorded`` names where the prior
-    state came from, for the explanations.
+    state came from, for the explanations. ``forget`` (the maintenance is
+    over: its CR is deleted, or cleanup) removes the record on the node with
+    the marks when ``prior`` is that record; a Failed CR keeps it, so its
+    deletion restores the same way again.
     """
     name = str(node["metadata"]["name"])
     target = f"node/{name}"
@@ -205,6 +256,9 @@ def restore(
             continue
         removed.append(("remove-label", f"remove label {key}"))
         ops.append({"op": "remove", "path": f"/metadata/labels/{_escape(key)}"})
+    if forget and prior is not None and prior == recorded_prior(node):
+        removed.append(("remove-record", f"remove annotation {c.PRIOR_STATE_ANNOTATION}"))
+        ops.append({"op": "remove", "path": _ANNOTATION_PATH})
     return Restore(
         ops=_guarded(node, ops) if ops else None,
         uncordon=uncordon,
@@ -213,10 +267,15 @@ def restore(
     )
 
 
-def leave_patch(node: Node, prior: PriorState | None) -> list[dict[str, Any]] | None:
+def leave_patch(
+    node: Node, prior: PriorState | None, *, forget: bool = False
+) -> list[dict[str, Any]] | None:
     """The guarded JSON patch restoring the node when its maintenance ends."""
-    return restore(node, prior).ops
+    return restore(node, prior, forget=forget).ops
 
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+_ANNOTATION_PATH = f"/metadata/annotations/{_escape(c.PRIOR_STATE_ANNOTATION)}"

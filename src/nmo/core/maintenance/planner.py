@@ -16,7 +16,8 @@ The flow it encodes (behavior.md A2-A5, B4-B9):
 * the finalizer is added first (event BeginMaintenance);
 * an older CR for the same node wins (duplicate ranking below), a missing
   node fails the CR;
-* the ownerReference to the Node and the node's prior state are recorded;
+* the ownerReference to the Node is recorded, and the node's prior state
+  with the first node patch, on the node, bound to the CR's uid;
 * lease, then label + taints + cordon, then evictions; Running with the
   starting figures on the first pass, progress at most once per
   ``status_interval``, Succeeded (event SucceedMaintenance) when no pod to
@@ -91,10 +92,9 @@ def older_duplicate(nm: NodeMaintenance, others: tuple[NodeMaintenance, ...]) ->
     return None
 
 
-def _prior(nm: NodeMaintenance) -> nodeplan.PriorState | None:
-    return nodeplan.PriorState.from_annotation(
-        nm.metadata.annotations.get(c.PRIOR_STATE_ANNOTATION)
-    )
+def _prior(obs: Observed) -> nodeplan.PriorState | None:
+    """The prior state this CR recorded on its node (none: restore as the Go NMO does)."""
+    return nodeplan.prior_for(obs.node, obs.nm.metadata.uid)
 
 
 def _status_write(
@@ -125,7 +125,7 @@ def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
 
 
 def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
-    """The metadata that records the Node owner (B6) and its prior state (B7)."""
+    """The metadata that records the Node owner (B6)."""
     meta: dict[str, Any] = {}
     uid = node["metadata"].get("uid")
     if not any(r.get("uid") == uid for r in nm.metadata.owner_references):
@@ -139,11 +139,6 @@ def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
         }
         others = [r for r in nm.metadata.owner_references if r.get("kind") != "Node"]
         meta["ownerReferences"] = [*others, ref]
-    if c.PRIOR_STATE_ANNOTATION not in nm.metadata.annotations:
-        prior = nodeplan.prior_state(node)
-        if nm.status.begun and nm.status.phase is not Phase.FAILED:
-            prior = nodeplan.PriorState()  # adopted from the Go NMO: it recorded none
-        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
     return meta
 
 
@@ -235,7 +230,11 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         )
     if lease is not LeaseStep.NONE:
         st = status.lease_ok(st)
-    node_patch = nodeplan.enter_patch(obs.node)
+    # The prior state is recorded only when nmo first takes the node (B7): a
+    # CR that has begun without a record was started by the Go NMO (or before
+    # nmo recorded on the node), and leaving it restores as the Go NMO does.
+    first_take = "" if nm.status.begun else nm.metadata.uid
+    node_patch = nodeplan.enter_patch(obs.node, record_for=first_take)
     base = Plan(
         metadata=meta or None,
         lease=lease,
@@ -349,7 +348,7 @@ def _abort(
     """onTimeout Abort: restore the node as on deletion, release the lease, Failed."""
     nm = obs.nm
     assert obs.node is not None
-    undo = nodeplan.restore(obs.node, _prior(nm))
+    undo = nodeplan.restore(obs.node, _prior(obs))
     events = [*base.events, Emit((c.EVENT_DRAIN_TIMED_OUT, message), warning=True)]
     if undo.uncordon:
         events.append(Emit(c.EVENT_UNCORDON, target="node"))
@@ -388,7 +387,7 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
     if new.phase is Phase.FAILED:
         restore = None
         if obs.node is not None:
-            restore = nodeplan.leave_patch(obs.node, _prior(obs.nm))
+            restore = nodeplan.leave_patch(obs.node, _prior(obs))
         return Plan(
             status=new,
             node_patch=restore,
@@ -428,7 +427,7 @@ def plan_leave(obs: Observed) -> Plan:
     events: list[Emit] = []
     restore = None
     if obs.node is not None:
-        undo = nodeplan.restore(obs.node, _prior(nm))
+        undo = nodeplan.restore(obs.node, _prior(obs), forget=True)
         restore = undo.ops
         if undo.uncordon:
             events.append(Emit(c.EVENT_UNCORDON, target="node"))

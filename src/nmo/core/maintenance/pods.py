@@ -5,12 +5,20 @@ The options are fixed to NMO's (``--force --delete-emptydir-data
 --ignore-daemonsets``, the pod's own grace period):
 
 - mirror (static) pods are skipped;
-- pods controlled by an existing ``apps/v1`` DaemonSet are skipped with
-  kubectl's warning "ignoring DaemonSet-managed Pods"; a DaemonSet pod whose
+- pods controlled by an existing DaemonSet are skipped with kubectl's
+  warning "ignoring DaemonSet-managed Pods". As in kubectl's
+  ``daemonSetFilter``, a DaemonSet controller is an ownerReference with
+  ``controller: true``, kind ``DaemonSet`` and apiVersion exactly
+  ``apps/v1`` (any other apiVersion is an ordinary controller), and the
+  DaemonSet is looked up by name in ``apps/v1``. A finished DaemonSet pod
+  (phase Succeeded or Failed) is evicted without a lookup, and one whose
   DaemonSet is gone is evicted;
 - pods with emptyDir volumes are evicted ("deleting Pods with local storage");
 - pods without a controller are evicted ("deleting Pods that declare no
   controller").
+
+Finished pods are evicted without the last two warnings, as kubectl's
+filters let any finished pod go.
 
 nmo's drain rules (issue 12) come after those filters:
 
@@ -37,6 +45,9 @@ from nmo.api import constants as c
 from nmo.core.selectors import selector_error, selector_matches
 
 Pod = dict[str, Any]
+
+DAEMONSET_KIND = "DaemonSet"
+DAEMONSET_API_VERSION = "apps/v1"
 
 
 @dataclass
@@ -78,15 +89,19 @@ def pod_key(pod: Pod) -> str:
 
 
 def daemonset_owner(pod: Pod) -> str | None:
-    """``namespace/name`` of the DaemonSet controlling the pod, if any."""
+    """``namespace/name`` of the DaemonSet controlling the pod, if any
+    (kubectl's ``isControllerRefDaemonSet``: kind ``DaemonSet``, apiVersion
+    ``apps/v1``)."""
     ref = controller_of(pod)
-    if (
-        ref
-        and ref.get("kind") == "DaemonSet"
-        and str(ref.get("apiVersion", "")).startswith("apps/")
-    ):
+    if ref and ref.get("kind") == DAEMONSET_KIND and ref.get("apiVersion") == DAEMONSET_API_VERSION:
         return f"{pod_namespace(pod)}/{ref.get('name')}"
     return None
+
+
+def running_daemonset_owner(pod: Pod) -> str | None:
+    """The DaemonSet owner whose existence decides the pod's fate: None for a
+    finished pod, which is evicted whoever owns it."""
+    return None if is_completed(pod) else daemonset_owner(pod)
 
 
 def _has_empty_dir(pod: Pod) -> bool:
@@ -151,7 +166,7 @@ def select_pods(
         if c.MIRROR_POD_ANNOTATION in annotations:
             sel.mirror.append(pod)
             continue
-        ds = daemonset_owner(pod)
+        ds = running_daemonset_owner(pod)
         if ds is not None and daemonset_exists(ds):
             sel.daemonset.append(pod)
             continue
@@ -178,10 +193,11 @@ def select_pods(
             continue
         if (why := drain_order(pod)[1]) is not None:
             sel.warnings.append(why)
-        if _has_empty_dir(pod):
-            local.append(pod_key(pod))
-        if controller_of(pod) is None:
-            unmanaged.append(pod_key(pod))
+        if not is_completed(pod):
+            if _has_empty_dir(pod):
+                local.append(pod_key(pod))
+            if controller_of(pod) is None:
+                unmanaged.append(pod_key(pod))
         sel.evict.append(pod)
     if sel.daemonset:
         names = ", ".join(pod_key(p) for p in sel.daemonset)

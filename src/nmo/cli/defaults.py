@@ -1,0 +1,72 @@
+"""Defaults ``nmo run`` finds in its surroundings, where the Go NMO finds them.
+
+Why this module exists: the Go NMO's Deployment and CSV pass no namespace and
+no certificate directory; its manager finds them. A pod that swaps the Go
+image for nmo's must find the same ones (issue 11 item 1):
+
+* the leader election namespace: the flag, else ``$POD_NAMESPACE`` (nmo's
+  chart), ``$OPERATOR_NAMESPACE`` (the Go Deployment and CSV set it to the
+  pod's namespace), the service account's namespace file in a pod (what
+  controller-runtime reads), else ``node-maintenance-operator-system``;
+* the webhook certificate directory: the flag, else OLM's
+  ``/apiserver.local.config/certificates`` (``apiserver.crt``/``.key``),
+  else controller-runtime's ``$TMPDIR/k8s-webhook-server/serving-certs``
+  (``tls.crt``/``tls.key``, where the Go NMO's kustomize Deployment mounts its
+  Secret) when it holds a pair, else OLM's (whose certificate nmo then waits
+  for).
+
+The environment and the file system are parameters, so the tests need no pod.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from nmo.api import constants as c
+
+SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+CONTROLLER_RUNTIME_CERT_DIR: Final = str(
+    Path(tempfile.gettempdir()) / "k8s-webhook-server" / "serving-certs"
+)
+
+
+def leader_election_namespace(
+    flag: str | None,
+    environ: Mapping[str, str],
+    *,
+    service_account_namespace: Path = SERVICE_ACCOUNT_NAMESPACE,
+) -> str:
+    """The namespace of the leader Lease; see the module docstring for the order."""
+    if flag:
+        return flag
+    for name in ("POD_NAMESPACE", "OPERATOR_NAMESPACE"):
+        if environ.get(name):
+            return environ[name]
+    try:
+        namespace = service_account_namespace.read_text().strip()
+    except OSError:
+        namespace = ""
+    return namespace or c.OPERATOR_NAMESPACE
+
+
+def _has_pair(directory: Path, cert: str, key: str) -> bool:
+    return (directory / cert).is_file() and (directory / key).is_file()
+
+
+def webhook_cert_dir(
+    flag: str | None,
+    *,
+    olm_dir: str = c.DEFAULT_CERT_DIR,
+    controller_runtime_dir: str = CONTROLLER_RUNTIME_CERT_DIR,
+) -> str:
+    """The webhook certificate directory; see the module docstring for the order."""
+    if flag:
+        return flag
+    if _has_pair(Path(olm_dir), "apiserver.crt", "apiserver.key"):
+        return olm_dir
+    if _has_pair(Path(controller_runtime_dir), "tls.crt", "tls.key"):
+        return controller_runtime_dir
+    return olm_dir

@@ -1,0 +1,399 @@
+"""The chart's admission, network and RBAC shapes, rendered offline (``helm template``).
+
+* The webhook per Kubernetes version: matchConditions from 1.28 (beta, on by
+  default; GA 1.30), two webhooks (CREATE, UPDATE with its own failure
+  policy) before, and ``webhook.matchConditions`` overriding the version.
+* ``openshift.etcdQuorumGuard``: auto follows the served APIs, true/false
+  hold offline.
+* The NetworkPolicy, on by default: which port admits whom, which egress.
+  No CNI here enforces it; tests/integration/test_chart.py installs it.
+* The optional ValidatingAdmissionPolicy and least-privilege RBAC.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+from test_chart_alerts import CHART, ROOT, helm_env, of_kind, render, template
+
+from nmo.api import constants as c
+from nmo.core.budget import LEDGER_NAME
+
+__all__ = ["helm_env"]  # the fixture, shared
+
+Doc = dict[str, Any]
+SA_USER = f"system:serviceaccount:{c.OPERATOR_NAMESPACE}:{c.OPERATOR_SERVICE_ACCOUNT}"
+OPENSHIFT = ["--api-versions", "config.openshift.io/v1"]
+AGENT = "konnectivity-agent"
+
+
+def webhooks(docs: list[Doc]) -> list[Doc]:
+    (vwc,) = of_kind(docs, "ValidatingWebhookConfiguration")
+    return list(vwc["webhooks"])
+
+
+def one(docs: list[Doc], kind: str, name_suffix: str = "") -> Doc:
+    (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
+    return doc
+
+
+# -- the webhook per Kubernetes version ----------------------------------------
+
+
+@pytest.mark.parametrize("version", ["1.28.0", "1.29.4", "1.30.0", "1.35.4", "v1.31.2-gke.100"])
+def test_matchconditions_from_1_28(helm_env: dict[str, str], version: str) -> None:
+    (hook,) = webhooks(render(helm_env, "--kube-version", version))
+    assert hook["name"] == c.WEBHOOK_NAME
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    (condition,) = hook["matchConditions"]
+    assert "request.operation == 'CREATE'" in condition["expression"]
+    assert "object.spec.nodeName != oldObject.spec.nodeName" in condition["expression"]
+    assert hook["failurePolicy"] == "Fail"
+
+
+@pytest.mark.parametrize("version", ["1.23.0", "1.25.16", "1.27.9", "v1.27.3-eks-2f008fe"])
+def test_before_1_28_update_is_a_webhook_of_its_own(helm_env: dict[str, str], version: str) -> None:
+    create, update = webhooks(render(helm_env, "--kube-version", version))
+    assert (create["name"], update["name"]) == (c.WEBHOOK_NAME, "vnodemaintenance-update.kb.io")
+    assert create["rules"][0]["operations"] == ["CREATE"]
+    assert update["rules"][0]["operations"] == ["UPDATE"]
+    assert "matchConditions" not in create
+    assert "matchConditions" not in update
+    # CREATE fails closed; UPDATE (finalizer removal while nmo is down) does not.
+    assert (create["failurePolicy"], update["failurePolicy"]) == ("Fail", "Ignore")
+    for hook in (create, update):
+        assert hook["clientConfig"]["service"]["path"] == c.WEBHOOK_PATH
+        assert hook["sideEffects"] == "None"
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["timeoutSeconds"] == 10
+        assert hook["rules"][0]["resources"] == ["nodemaintenances"]
+
+
+def test_the_values_override_the_version(helm_env: dict[str, str]) -> None:
+    forced = webhooks(
+        render(helm_env, "--kube-version", "1.27.0", "--set", "webhook.matchConditions=true")
+    )
+    assert [h["name"] for h in forced] == [c.WEBHOOK_NAME]
+    assert "matchConditions" in forced[0]
+    as_string = webhooks(
+        render(
+            helm_env, "--kube-version", "1.30.0", "--set-string", "webhook.matchConditions=false"
+        )
+    )
+    assert len(as_string) == 2  # a string "false" (GitOps parameters) means false too
+    off = webhooks(
+        render(helm_env, "--kube-version", "1.30.0", "--set", "webhook.matchConditions=false")
+    )
+    assert [h["name"] for h in off] == [c.WEBHOOK_NAME, "vnodemaintenance-update.kb.io"]
+    strict = webhooks(
+        render(
+            helm_env, "--kube-version", "1.26.0",
+            "--set", "webhook.updateFailurePolicy=Fail", "--set", "webhook.failurePolicy=Ignore",
+        )
+    )  # fmt: skip
+    assert [h["failurePolicy"] for h in strict] == ["Ignore", "Fail"]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        [],
+        ["--set", "webhook.certManager.enabled=false"],
+        ["--set", "webhook.url=https://10.0.0.5:9443/x", "--set", "webhook.caBundle=QQ=="],
+    ],
+    ids=["cert-manager", "helm-generated", "webhook-url"],
+)
+def test_both_webhooks_trust_the_same_server(helm_env: dict[str, str], mode: list[str]) -> None:
+    docs = render(helm_env, "--kube-version", "1.24.0", *mode)
+    create, update = webhooks(docs)
+    assert create["clientConfig"] == update["clientConfig"]
+    (vwc,) = of_kind(docs, "ValidatingWebhookConfiguration")
+    injected = (vwc["metadata"].get("annotations") or {}).get("cert-manager.io/inject-ca-from")
+    # cert-manager's cainjector fills caBundle into every webhook of the object.
+    assert (injected is not None) == (mode == [])
+
+
+def test_the_chart_refuses_kubernetes_before_1_23(helm_env: dict[str, str]) -> None:
+    result = template(helm_env, "--kube-version", "1.22.17")
+    assert result.returncode != 0
+    assert ">=1.23.0-0" in result.stderr
+
+
+# -- openshift.etcdQuorumGuard --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "apis", "granted"),
+    [
+        ("auto", [], False),  # helm template offline: no OpenShift API known
+        ("auto", OPENSHIFT, True),  # helm install on OpenShift, or --api-versions
+        ("true", [], True),  # GitOps rendering for an OpenShift cluster
+        ("false", OPENSHIFT, False),
+        ("'true'", [], True),  # a YAML string, as some GitOps tools pass values
+    ],
+)
+def test_openshift_etcd_guard_value(
+    helm_env: dict[str, str], value: str, apis: list[str], granted: bool
+) -> None:
+    flag = "--set-json" if value.startswith("'") else "--set"
+    value = value.replace("'", '"')
+    docs = render(helm_env, flag, f"openshift.etcdQuorumGuard={value}", *apis)
+    in_etcd = [d for d in docs if d["metadata"].get("namespace") == "openshift-etcd"]
+    if not granted:
+        assert in_etcd == []
+        return
+    assert sorted(d["kind"] for d in in_etcd) == ["Role", "RoleBinding"]
+    role = one(in_etcd, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]}
+    ]
+    binding = one(in_etcd, "RoleBinding")
+    assert binding["subjects"][0]["name"] == c.OPERATOR_SERVICE_ACCOUNT
+
+
+# -- NetworkPolicy -----------------------------------------------------------------
+
+
+def policy(docs: list[Doc]) -> Doc:
+    (np,) = of_kind(docs, "NetworkPolicy")
+    return np
+
+
+def ingress_by_port(np: Doc) -> dict[int, list[Doc] | None]:
+    """Port -> its ``from`` peers (None: any source)."""
+    out: dict[int, list[Doc] | None] = {}
+    for rule in np["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["port"] not in out, f"port {port['port']} in two rules"
+            out[port["port"]] = rule.get("from")
+    return out
+
+
+def blocks(peers: list[Doc] | None) -> list[str]:
+    return [p["ipBlock"]["cidr"] for p in peers or [] if "ipBlock" in p]
+
+
+def test_network_policy_on_by_default_with_both_directions(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env)
+    np = policy(docs)
+    assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert np["spec"]["podSelector"]["matchLabels"]["control-plane"] == "controller-manager"
+    (dep,) = of_kind(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    ports = ingress_by_port(np)
+    # 8081 has no rule: only the pod's own node (its kubelet) reaches it, which
+    # a NetworkPolicy cannot block.
+    assert set(ports) == {9443, 8443}
+    # Offline, the apiserver's addresses are unknown: said so, not hidden.
+    assert ports[9443] is None
+    assert "unknown" in np["metadata"]["annotations"]["nmo.medik8s.io/api-server"]
+    apiserver, dns = np["spec"]["egress"]
+    assert [p["port"] for p in apiserver["ports"]] == [443, 6443]
+    assert "to" not in apiserver
+    assert dns["ports"] == [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]
+    (peer,) = dns["to"]
+    assert peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+    }
+
+
+def test_network_policy_with_the_apiserver_addresses(helm_env: dict[str, str]) -> None:
+    np = policy(
+        render(
+            helm_env,
+            "--set", "networkPolicy.apiServer.cidrs={10.0.0.10/32,fd00::10/128}",
+            "--set", "networkPolicy.probesFrom={10.0.0.0/16}",
+            "--set", f"networkPolicy.webhookFrom[0].podSelector.matchLabels.k8s-app={AGENT}",
+            "--set", "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+        )
+    )  # fmt: skip
+    ports = ingress_by_port(np)
+    assert blocks(ports[9443]) == ["10.0.0.10/32", "fd00::10/128"]
+    assert {"podSelector": {"matchLabels": {"k8s-app": AGENT}}} in (ports[9443] or [])
+    assert blocks(ports[8081]) == ["10.0.0.0/16"]
+    assert ports[8443] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    apiserver = np["spec"]["egress"][0]
+    assert blocks(apiserver["to"]) == ["10.0.0.10/32", "fd00::10/128"]
+    assert np["metadata"]["annotations"]["nmo.medik8s.io/api-server"] == (
+        "networkPolicy.apiServer.cidrs"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("https://hooks.example.com/nmo", 443),
+        ("http://receiver.tools/hook", 80),
+        ("http://receiver.tools:8080/hook", 8080),
+        ("https://user:pw@[fd00::1]:8443/x", 8443),
+    ],
+)
+def test_network_policy_lets_the_notify_port_out(
+    helm_env: dict[str, str], url: str, port: int
+) -> None:
+    np = policy(render(helm_env, "--set-string", f"notify.url={url}"))
+    notify = np["spec"]["egress"][-1]
+    assert notify == {"ports": [{"port": port, "protocol": "TCP"}]}
+
+
+def test_network_policy_extra_egress_and_its_absence(helm_env: dict[str, str]) -> None:
+    np = policy(
+        render(
+            helm_env,
+            "--set", "networkPolicy.extraEgress[0].to[0].ipBlock.cidr=10.1.2.3/32",
+            "--set", "networkPolicy.extraEgress[0].ports[0].port=8080",
+        )
+    )  # fmt: skip
+    assert np["spec"]["egress"][-1] == {
+        "to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}],
+        "ports": [{"port": 8080}],
+    }
+    assert of_kind(render(helm_env, "--set", "networkPolicy.enabled=false"), "NetworkPolicy") == []
+    assert of_kind(render(helm_env, "--set", "deployment.enabled=false"), "NetworkPolicy") == []
+
+
+def test_an_outside_webhook_opens_no_webhook_port(helm_env: dict[str, str]) -> None:
+    np = policy(
+        render(
+            helm_env,
+            "--set",
+            "webhook.url=https://10.0.0.5:9443/x",
+            "--set",
+            "webhook.caBundle=QQ==",
+        )
+    )
+    assert set(ingress_by_port(np)) == {8443}
+
+
+# -- the ValidatingAdmissionPolicy --------------------------------------------------
+
+
+def test_node_policy_off_by_default(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env)
+    assert of_kind(docs, "ValidatingAdmissionPolicy") == []
+    assert of_kind(docs, "ValidatingAdmissionPolicyBinding") == []
+
+
+def test_node_policy_binds_nmos_service_account_only(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env, "--set", "nodePolicy.enabled=true", "--kube-version", "1.30.0")
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert vap["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == vap["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (condition,) = vap["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{SA_USER}'"
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["nodes"])
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    text = str(vap["spec"])
+    for allowed in (c.EXCLUDE_FROM_REMEDIATION_LABEL, *c.MAINTENANCE_TAINT_KEYS):
+        assert allowed in text
+    audit = render(
+        helm_env,
+        "--set",
+        "nodePolicy.enabled=true",
+        "--set",
+        "nodePolicy.validationActions={Warn,Audit}",
+    )
+    assert one(audit, "ValidatingAdmissionPolicyBinding")["spec"]["validationActions"] == [
+        "Warn",
+        "Audit",
+    ]
+
+
+def test_node_policy_needs_1_30(helm_env: dict[str, str]) -> None:
+    result = template(helm_env, "--set", "nodePolicy.enabled=true", "--kube-version", "1.29.9")
+    assert result.returncode != 0
+    assert "Kubernetes 1.30 or newer" in result.stderr
+
+
+# -- RBAC ----------------------------------------------------------------------------
+
+
+def test_leader_election_role_names_its_leases(helm_env: dict[str, str]) -> None:
+    role = one(render(helm_env), "Role", "-leader-election-role")
+    named, create = role["rules"]
+    assert named["resourceNames"] == [c.LEADER_ELECTION_ID, LEDGER_NAME]
+    assert named["verbs"] == ["get", "update"]
+    # RBAC cannot limit create by name: the request names no object.
+    assert create == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "may_create"),
+    [
+        ([], False),
+        (["--set", "leases.createNamespace=false"], True),
+        (
+            [
+                "--set",
+                "leases.createNamespace=false",
+                "--set",
+                f"leases.namespace={c.OPERATOR_NAMESPACE}",
+            ],
+            False,
+        ),
+    ],
+    ids=["chart creates it", "nmo creates it", "release namespace"],
+)
+def test_namespace_create_only_when_the_chart_does_not(
+    helm_env: dict[str, str], values: list[str], may_create: bool
+) -> None:
+    docs = render(helm_env, *values)
+    manager = one(docs, "ClusterRole", "-manager-role")
+    granted = [r for r in manager["rules"] if "namespaces" in r.get("resources", [])]
+    assert granted == (
+        [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]}]
+        if may_create
+        else []
+    )
+    chart_namespaces = [d["metadata"]["name"] for d in of_kind(docs, "Namespace")]
+    assert (c.LEASE_NAMESPACE_DEFAULT in chart_namespaces) == (values == [])
+
+
+# -- schema ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ("webhook.matchConditions=maybe", "matchConditions"),
+        ("webhook.updateFailurePolicy=Never", "updateFailurePolicy"),
+        ("networkPolicy.apiServer.cidrs={10.0.0.1}", "cidrs"),
+        ("networkPolicy.probesFrom={nodes}", "probesFrom"),
+        ("networkPolicy.dns.ports[0].port=0", "dns"),
+        ("nodePolicy.validationActions={Deny,Warn}", "validationActions"),
+        ("nodePolicy.validationActions={Block}", "validationActions"),
+    ],
+)
+def test_schema_refuses(helm_env: dict[str, str], value: str, where: str) -> None:
+    result = template(helm_env, "--set", value)
+    assert result.returncode != 0
+    assert where in result.stderr, result.stderr
+
+
+# -- the documentation -------------------------------------------------------------
+
+
+def test_documented_values_exist() -> None:
+    """Every value docs/install.md names for these features is a key of values.yaml."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    text = (ROOT / "docs" / "install.md").read_text()
+    prefixes = "|".join(("networkPolicy", "nodePolicy", "webhook", "openshift", "leases"))
+    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)", text))
+    assert {"networkPolicy.apiServer.cidrs", "nodePolicy.validationActions"} <= named
+    for path in sorted(named):
+        node: Any = values
+        for key in path.split("."):
+            assert isinstance(node, dict) and key in node, f"docs/install.md names {path}"
+            node = node[key]

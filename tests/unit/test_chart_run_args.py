@@ -1,0 +1,37 @@
+"""The chart's container arguments are a valid ``nmo run`` command line that
+asks for leader election (issue 11 item 2: nmo's default is off, as the Go
+NMO's; the chart's replicas must turn it on). Rendered offline with
+``helm template``, as test_chart_alerts."""
+
+from __future__ import annotations
+
+import pytest
+from test_chart_alerts import NS, helm_env, manager_args, render
+
+from nmo.cli import Settings, build_parser, goflags, settings_from
+
+__all__ = ["helm_env"]  # the fixture, shared
+
+
+def _settings(args: list[str]) -> Settings:
+    assert args[0] == "run"
+    parsed = build_parser().parse_args(["run", *goflags.normalize(args[1:])])
+    return settings_from(parsed)
+
+
+def test_the_chart_asks_for_leader_election_in_its_namespace(
+    helm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    settings = _settings(manager_args(render(helm_env)))
+    assert settings.engine.leader_election is True
+    assert settings.engine.leader_election_namespace == NS
+
+
+def test_the_chart_can_turn_it_off_for_one_replica(helm_env: dict[str, str]) -> None:
+    docs = render(
+        helm_env,
+        "--set", "operator.leaderElection.enabled=false",
+        "--set", "deployment.replicas=1",
+    )  # fmt: skip
+    assert _settings(manager_args(docs)).engine.leader_election is False
