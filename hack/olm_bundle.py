@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the OLM bundle (registry+v1) from the Helm chart, so nothing is written twice.
 
-    hack/olm_bundle.py [--out build/olm] [--image IMAGE] [--helm PATH] [--channel stable]
+    hack/olm_bundle.py [--out build/olm] [--image IMAGE] [--set KEY=VALUE]... [--helm PATH]
 
 The chart is the single source: ``helm template`` renders it (with the values
 in :data:`OLM_VALUES`, into a sentinel namespace) and every rendered object
@@ -68,6 +68,10 @@ OLM_VALUES = {
     "leases.createNamespace": "false",
     # OLM is how OpenShift installs operators: grant the etcd quorum guard read.
     "openshift.etcdQuorumGuard": "true",
+    # OLM's webhook definitions cannot carry matchConditions: the chart's other
+    # shape (CREATE and UPDATE as two webhooks, UPDATE failing open) keeps
+    # finalizer removal working while nmo is down.
+    "webhook.matchConditions": "false",
 }
 # Optional hardening the chart may render that OLM has no place for.
 NOT_IN_REGISTRY_V1 = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
@@ -555,10 +559,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--helm", help="helm binary (default: the sandbox's, then PATH)")
     parser.add_argument("--channel", default="stable")
     parser.add_argument("--chart", type=Path, default=CHART)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value"
+    )
     opts = parser.parse_args(argv)
     try:
         meta = chart_meta(opts.chart)
-        docs = render_chart(find_helm(opts.helm), chart=opts.chart)
+        extra = [arg for kv in opts.set for arg in ("--set", kv)]
+        docs = render_chart(find_helm(opts.helm), chart=opts.chart, extra=extra)
         values = yaml.safe_load((opts.chart / "values.yaml").read_text())
         image = opts.image or f"{values['image']['repository']}:{meta['appVersion']}"
         bundle = build_bundle(docs, meta, image=image, channel=opts.channel)

@@ -259,35 +259,36 @@ def test_validator_rejects_a_broken_bundle(
 # ---------------------------------------------------------------- the CSV says what the chart says
 
 
-def test_webhook_definition_matches_the_chart(
+def test_webhook_definitions_match_the_chart(
     csv: dict[str, Any], chart: dict[str, list[dict[str, Any]]]
 ) -> None:
     [vwc] = chart["ValidatingWebhookConfiguration"]
-    [hook] = vwc["webhooks"]
-    [definition] = csv["spec"]["webhookdefinitions"]
     [deployment] = chart["Deployment"]
-    service = next(
-        s
-        for s in chart["Service"]
-        if s["metadata"]["name"] == hook["clientConfig"]["service"]["name"]
-    )
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     webhook_port = next(
         p["containerPort"] for p in container["ports"] if p["name"] == "webhook-server"
     )
-
-    assert definition["generateName"] == hook["name"] == c.WEBHOOK_NAME
-    assert definition["type"] == "ValidatingAdmissionWebhook"
-    assert definition["deploymentName"] == deployment["metadata"]["name"]
-    assert definition["webhookPath"] == hook["clientConfig"]["service"]["path"] == c.WEBHOOK_PATH
-    assert definition["rules"] == hook["rules"]
-    assert definition["failurePolicy"] == hook["failurePolicy"] == "Fail"
-    assert definition["sideEffects"] == hook["sideEffects"]
-    assert definition["timeoutSeconds"] == hook["timeoutSeconds"]
-    assert definition["admissionReviewVersions"] == hook["admissionReviewVersions"]
-    assert definition["containerPort"] == hook["clientConfig"]["service"]["port"]
-    assert service["spec"]["ports"][0]["port"] == definition["containerPort"]
-    assert definition["targetPort"] == webhook_port == 9443
+    definitions = csv["spec"]["webhookdefinitions"]
+    assert [d["generateName"] for d in definitions] == [h["name"] for h in vwc["webhooks"]]
+    for hook, definition in zip(vwc["webhooks"], definitions, strict=True):
+        ref = hook["clientConfig"]["service"]
+        service = next(s for s in chart["Service"] if s["metadata"]["name"] == ref["name"])
+        assert definition["type"] == "ValidatingAdmissionWebhook"
+        assert definition["deploymentName"] == deployment["metadata"]["name"]
+        assert definition["webhookPath"] == ref["path"] == c.WEBHOOK_PATH
+        assert definition["rules"] == hook["rules"]
+        assert definition["failurePolicy"] == hook["failurePolicy"]
+        assert definition["sideEffects"] == hook["sideEffects"]
+        assert definition["timeoutSeconds"] == hook["timeoutSeconds"]
+        assert definition["admissionReviewVersions"] == hook["admissionReviewVersions"]
+        assert definition["containerPort"] == ref["port"] == service["spec"]["ports"][0]["port"]
+        assert definition["targetPort"] == webhook_port == 9443
+        assert "matchConditions" not in hook  # OLM could not carry them
+    # The chart's shape without matchConditions: CREATE fails closed, UPDATE
+    # fails open, so a finalizer can be removed while nmo is down.
+    policies = {d["rules"][0]["operations"][0]: d["failurePolicy"] for d in definitions}
+    assert policies == {"CREATE": "Fail", "UPDATE": "Ignore"}
+    assert definitions[0]["generateName"] == c.WEBHOOK_NAME
 
 
 def test_deployment_matches_the_chart(
@@ -422,8 +423,14 @@ def test_generator_refuses_the_release_namespace_left_in_an_argument() -> None:
 def test_generator_lists_what_olm_cannot_express(rendered: list[dict[str, Any]]) -> None:
     bundle = gen.build_bundle(rendered, gen.chart_meta(), image=IMAGE)
     dropped = "\n".join(bundle.dropped)
-    assert "matchConditions" in dropped
     assert f"Role {c.LEASE_NAMESPACE_DEFAULT}/" in dropped and "granted cluster-wide" in dropped
+    # Rendered with matchConditions, the generator says it cannot carry them.
+    docs = gen.render_chart(_helm(), extra=["--set", "webhook.matchConditions=true"])
+    with_conditions = gen.build_bundle(docs, gen.chart_meta(), image=IMAGE)
+    assert (
+        f"webhook {c.WEBHOOK_NAME} matchConditions: OLM's webhook definitions lack it"
+        in with_conditions.dropped
+    )
 
 
 def test_generator_drops_what_registry_v1_cannot_carry_and_says_so(
@@ -478,3 +485,19 @@ def test_rolebinding_to_a_clusterrole_in_another_namespace(rendered: list[dict[s
     assert ("", "configmaps", "get") in _rules(cluster["rules"])
     assert all(m["metadata"]["name"] != "nmo-configmaps" for m in bundle.manifests.values())
     assert "ClusterRole elsewhere/nmo-configmaps: granted cluster-wide" in "\n".join(bundle.dropped)
+
+
+def test_cli_passes_chart_values(tmp_path: Path) -> None:
+    values = ["--set", "drain.timeoutSeconds=3600", "--set", "drain.onTimeout=Abort"]
+    res = subprocess.run(
+        [sys.executable, str(GENERATOR), "--out", str(tmp_path), "--helm", _helm(), *values],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    doc = yaml.safe_load((tmp_path / "bundle" / "manifests" / CSV_FILE).read_text())
+    [deployment] = doc["spec"]["install"]["spec"]["deployments"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--drain-timeout=3600" in args and "--drain-on-timeout=Abort" in args
