@@ -289,38 +289,89 @@ def test_a_cr_for_another_node_is_not_a_duplicate() -> None:
 # -- lease counting (A5) -----------------------------------------------------
 
 
+HELD = "can't update or invalidate the lease because it is held by different owner: nhc"
+FORBIDDEN = 'leases.coordination.k8s.io "node-n1" is forbidden: User "nmo" cannot update'
+
+
 @pytest.mark.parametrize(
-    ("foreign", "progress", "count", "counted", "fails"),
+    ("foreign", "progress", "count", "counted", "fails", "error"),
     [
-        (True, 0, 0, False, False),  # someone else holds it before we began: wait
-        (True, 40, 0, True, False),  # we had made progress: it used to be ours
-        (False, 0, 0, True, False),  # API error: always counted
-        (False, 0, c.MAX_LEASE_ERRORS - 1, True, False),
-        (False, 0, c.MAX_LEASE_ERRORS, True, True),  # past the limit: Failed
-        (True, 0, c.MAX_LEASE_ERRORS, False, False),  # uncounted never fails
+        # someone else holds it before we began: wait, the Go NMO's words
+        (True, 0, 0, False, False,
+         f"failed to obtain a lease that is not owned by us : {HELD} errorOnLeaseCount 0"),
+        # we had made progress: it used to be ours (the count after the failure)
+        (True, 40, 0, True, False,
+         "failed to extend a lease that used to be owned by us, incrementing error on lease "
+         f"count: {HELD}, errorOnLeaseCount: 1"),
+        (True, 40, 2, True, False,
+         "failed to extend a lease that used to be owned by us, incrementing error on lease "
+         f"count: {HELD}, errorOnLeaseCount: 3"),
+        # API error: always counted, the API's own message
+        (False, 0, 0, True, False, FORBIDDEN),
+        (False, 0, c.MAX_LEASE_ERRORS - 1, True, False, FORBIDDEN),
+        # past the limit: Failed
+        (False, 0, c.MAX_LEASE_ERRORS, True, True, None),
+        (True, 40, c.MAX_LEASE_ERRORS, True, True, None),
+        # uncounted never fails
+        (True, 0, c.MAX_LEASE_ERRORS,  False, False,
+         f"failed to obtain a lease that is not owned by us : {HELD} errorOnLeaseCount 3"),
     ],
-)
+)  # fmt: skip
 def test_lease_failure(
-    foreign: bool, progress: int, count: int, counted: bool, fails: bool
+    foreign: bool, progress: int, count: int, counted: bool, fails: bool, error: str | None
 ) -> None:
     nm = nm_obj(
         phase=Phase.RUNNING,
         status={"drainProgress": progress, "errorOnLeaseCount": count},
     )
     obs = observed(nm, node=node_obj(maintenance=True))
-    plan = planner.plan_lease_failure(obs, error="boom", foreign=foreign)
+    plan = planner.plan_lease_failure(obs, error=HELD if foreign else FORBIDDEN, foreign=foreign)
     assert plan.status is not None
     assert plan.status.error_on_lease_count == count + (1 if counted else 0)
     if fails:
         assert plan.status.phase is Phase.FAILED
         assert plan.status.last_error == c.Messages.LEASE_EXHAUSTED.format(count=count + 1)
         assert plan.node_patch is not None and plan.restore, "the node is restored"
-        assert [e.event for e in plan.events] == [c.EVENT_FAILED]
+        # as the Go NMO's stopNodeMaintenanceImp: UncordonNode, the lease released
+        assert [(e.event, e.target) for e in plan.events] == [
+            (c.EVENT_UNCORDON, "node"),
+            (c.EVENT_FAILED, "maintenance"),
+        ]
+        assert plan.lease is LeaseStep.RELEASE
         assert plan.work is Work.STOP and plan.result.terminal
     else:
-        assert plan.status.phase is Phase.RUNNING and plan.status.last_error == "boom"
+        assert plan.status.phase is Phase.RUNNING and plan.status.last_error == error
+        assert "can't update or invalidate the lease" in error or not foreign
         assert plan.node_patch is None and plan.evict == ()
+        assert plan.lease is LeaseStep.NONE
         assert plan.result.requeue_after == planner.SETTINGS.lease_retry
+
+
+@pytest.mark.parametrize(
+    ("node", "uncordoned"),
+    [
+        (node_obj(maintenance=True), True),
+        (None, False),  # the node is gone: nothing to restore, the lease still released
+    ],
+)
+def test_lease_exhaustion_restores_releases_and_fails(node: Obj | None, uncordoned: bool) -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"drainProgress": 50, "errorOnLeaseCount": 3})
+    plan = planner.plan_lease_failure(observed(nm, node=node), error=HELD, foreign=True)
+    assert plan.lease is LeaseStep.RELEASE and plan.work is Work.STOP
+    assert (plan.node_patch is not None) is uncordoned
+    assert ("UncordonNode" in [e.event[0] for e in plan.events]) is uncordoned
+
+
+def test_lease_exhaustion_keeps_a_prior_cordon_and_records_no_uncordon() -> None:
+    nm = nm_obj(
+        phase=Phase.RUNNING,
+        status={"drainProgress": 50, "errorOnLeaseCount": 3},
+        prior=PriorState(unschedulable=True),
+    )
+    plan = planner.plan_lease_failure(observed(nm), error=HELD, foreign=True)
+    assert plan.status is not None and plan.status.phase is Phase.FAILED
+    assert [e.event for e in plan.events] == [c.EVENT_FAILED]
+    assert plan.lease is LeaseStep.RELEASE
 
 
 def test_lease_failure_on_the_first_pass_still_starts_the_status() -> None:

@@ -252,10 +252,10 @@ class Reconciler:
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()
                 record.stop_renewer()
                 plan = planner.plan_lease_failure(obs, error=str(exc), foreign=foreign)
-                if plan.node_patch is not None:
-                    # Restored before Failed is written: Failed is terminal, so a
-                    # restore that fails must leave the CR to be retried.
-                    await self._restore(obs, plan.node_patch)
+                if plan.work is Work.STOP:
+                    # Restored and released before Failed is written: Failed is
+                    # terminal, so an undo that fails must leave the CR to be retried.
+                    await self._undo(obs, plan, record)
                 raw = await self._write_status(raw, plan, record)
                 await self._finish(raw, obs, plan, record)
                 return plan.result

@@ -369,13 +369,27 @@ def _abort(
     )
 
 
+def lease_error_text(error: str, *, foreign: bool, counted: bool, count: int) -> str:
+    """lastError for a failed lease request, as the Go NMO words it (A5).
+
+    A foreign lease names whether it used to be ours (counted) or not, with
+    the count after the failure; any other error is the API's own message.
+    """
+    if not foreign:
+        return error
+    text = c.Messages.LEASE_EXTEND_FAILED if counted else c.Messages.LEASE_NOT_OWNED
+    return text.format(error=error, count=count)
+
+
 def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
     """The pass when the lease step failed (A5).
 
     A foreign lease before the drain made progress is not counted (NMO waits
     for the other holder); every other failure increments errorOnLeaseCount,
-    and past the limit the maintenance fails: the node is restored and the
-    CR is Failed with the lease exhausted message.
+    and past the limit the maintenance fails as the Go NMO's does: the node
+    is restored (UncordonNode when that uncordons it), the lease released
+    (one held by someone else is left alone) and the CR is Failed with the
+    lease exhausted message.
     """
     st = _started(obs)
     begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
@@ -384,17 +398,25 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
         # starting figures (phase Running) once its pod watch has synced.
         return Plan(events=begun, result=Result(requeue_after=SETTINGS.pods_wait))
     counted = not (foreign and not (st.drain_progress or 0))
-    new = status.lease_error(st, error=error, counted=counted, now=obs.now)
+    count = (st.error_on_lease_count or 0) + (1 if counted else 0)
+    text = lease_error_text(error, foreign=foreign, counted=counted, count=count)
+    new = status.lease_error(st, error=text, counted=counted, now=obs.now)
     if new.phase is Phase.FAILED:
         restore = None
+        events = list(begun)
         if obs.node is not None:
-            restore = nodeplan.leave_patch(obs.node, _prior(obs.nm))
+            undo = nodeplan.restore(obs.node, _prior(obs.nm))
+            restore = undo.ops
+            if undo.uncordon:
+                events.append(Emit(c.EVENT_UNCORDON, target="node"))
+        events.append(Emit(c.EVENT_FAILED, warning=True))
         return Plan(
+            lease=LeaseStep.RELEASE,
             status=new,
             node_patch=restore,
             restore=restore is not None,
             drop=tuple(obs.drain),
-            events=(*begun, Emit(c.EVENT_FAILED, warning=True)),
+            events=tuple(events),
             work=Work.STOP,
             result=TERMINAL,
             notes=(f"maintenance {obs.nm.metadata.name} failed: {new.last_error}",),
