@@ -20,6 +20,7 @@ import pytest
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.maintenance import planner
+from nmo.core.maintenance.budget import Admission
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.core.maintenance.node import PriorState, in_maintenance
 from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Recall, Work
@@ -531,3 +532,99 @@ def test_a_failed_cr_left_alone_does_not_read_its_node(
     phase: Phase | None, deleting: bool, reads: bool
 ) -> None:
     assert planner.needs_node(nm_obj(phase=phase, deleting=deleting)) is reads
+
+
+# -- lastUpdate heartbeat (A2: "is the operator alive" checks) ----------------
+
+
+def _settled(obs: Observed, *, age: float, written_ago: float | None = None) -> Observed:
+    """``obs`` with the status its own plan writes already persisted ``age`` s ago."""
+    first = planner.plan(obs)
+    assert first.status is not None
+    persisted = first.status.model_copy(update={"last_update": NOW - timedelta(seconds=age)})
+    raw = obs.nm.model_dump(mode="json", by_alias=True)
+    raw["status"] = persisted.to_api()
+    return replace(
+        obs,
+        nm=NodeMaintenance.from_api(raw),
+        recall=replace(obs.recall, status_written_ago=written_ago),
+    )
+
+
+BLOCKED = {
+    "app/a": PodDrainState(uid="u-a", reason=REASON_PDB, message="needs 1", next_attempt=1e9)
+}
+
+
+@pytest.mark.parametrize(
+    ("age", "written_ago", "writes", "wait"),
+    [
+        (10.0, None, False, 50.0),  # back when lastUpdate turns 60 s old
+        (59.0, 59.0, False, 1.0),
+        (60.0, None, True, 60.0),  # a minute: lastUpdate moves, nothing else
+        (600.0, None, True, 60.0),  # e.g. after a restart
+        # lastUpdate is stored at second precision: this process's own last
+        # write is the sharper clock, so writes stay a minute apart
+        (60.4, 59.6, False, 0.4),
+    ],
+)
+def test_a_running_maintenance_moves_last_update_once_a_minute(
+    age: float, written_ago: float | None, writes: bool, wait: float
+) -> None:
+    obs = _settled(
+        observed(_running_with(["a"]), pods=(pod("a"),), drain=BLOCKED),
+        age=age,
+        written_ago=written_ago,
+    )
+    plan = planner.plan(obs)
+    assert (plan.status is not None) is writes
+    if plan.status is not None:
+        assert plan.status.last_update == NOW
+        assert not planner.status.differs(obs.nm.status, plan.status), "only lastUpdate moves"
+    assert plan.result.requeue_after == pytest.approx(wait)
+
+
+def test_finished_maintenances_keep_their_last_update() -> None:
+    done = _settled(observed(_running_with(["a"]), pods=()), age=3600.0)
+    assert done.nm.status.phase is Phase.SUCCEEDED
+    plan = planner.plan(done)
+    assert plan.status is None and plan.result.requeue_after is None
+    failed = nm_obj(phase=Phase.FAILED, status={"lastUpdate": "2026-12-01T10:00:00Z"})
+    plan = planner.plan(observed(failed))
+    assert plan.status is None and plan.result.requeue_after is None
+
+
+def test_every_write_of_a_running_maintenance_carries_now() -> None:
+    obs = observed(_running_with(["a", "b", "c"]), pods=(pod("a"),))
+    plan = planner.plan(obs)
+    assert plan.status is not None and plan.status.last_update == NOW
+
+
+def test_a_queued_maintenance_moves_last_update_too() -> None:
+    admission = Admission(admit=False, reason="BudgetFull", message="2 of 2 in maintenance")
+    obs = _settled(observed(nm_obj(), admission=admission), age=61.0)
+    plan = planner.plan(obs)
+    assert plan.status is not None and plan.status.phase is Phase.PENDING
+    assert plan.status.last_update == NOW
+    quiet = planner.plan(_settled(observed(nm_obj(), admission=admission), age=5.0))
+    assert quiet.status is None
+    assert quiet.result.requeue_after is not None and quiet.result.requeue_after <= 55.0
+
+
+@pytest.mark.parametrize(("age", "writes"), [(5.0, False), (61.0, True)])
+def test_waiting_for_a_foreign_lease_writes_only_when_something_changes(
+    age: float, writes: bool
+) -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"evictionPods": 1, "totalpods": 1})
+    obs = observed(nm, recall=Recall())
+    first = planner.plan_lease_failure(obs, error=HELD, foreign=True)
+    assert first.status is not None
+    raw = nm.model_dump(mode="json", by_alias=True)
+    raw["status"] = first.status.model_copy(
+        update={"last_update": NOW - timedelta(seconds=age)}
+    ).to_api()
+    again = planner.plan_lease_failure(
+        replace(obs, nm=NodeMaintenance.from_api(raw)), error=HELD, foreign=True
+    )
+    assert (again.status is not None) is writes
+    assert again.result.requeue_after == planner.SETTINGS.lease_retry

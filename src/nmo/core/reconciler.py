@@ -251,7 +251,9 @@ class Reconciler:
                 foreign = isinstance(exc, LeaseHeldError)
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()
                 record.stop_renewer()
-                plan = planner.plan_lease_failure(obs, error=str(exc), foreign=foreign)
+                plan = planner.plan_lease_failure(
+                    obs, error=str(exc), foreign=foreign, settings=self.settings
+                )
                 if plan.work is Work.STOP:
                     # Restored and released before Failed is written: Failed is
                     # terminal, so an undo that fails must leave the CR to be retried.
