@@ -385,7 +385,9 @@ def test_lease_failure_on_the_first_pass_still_starts_the_status() -> None:
 def test_a_successful_request_clears_the_error_count() -> None:
     nm = nm_obj(phase=Phase.RUNNING, status={"errorOnLeaseCount": 2})
     plan = planner.plan(observed(nm, recall=Recall(lease_held=False)))
-    assert plan.lease is LeaseStep.REQUEST
+    # after counted errors the lease is written, not only read (a KEEP would
+    # reset the count of a lease that cannot be renewed)
+    assert plan.lease is LeaseStep.FORCE
     assert plan.status is not None and plan.status.error_on_lease_count == 0
 
 
@@ -628,3 +630,34 @@ def test_waiting_for_a_foreign_lease_writes_only_when_something_changes(
     )
     assert (again.status is not None) is writes
     assert again.result.requeue_after == planner.SETTINGS.lease_retry
+
+
+# -- API failures reach lastError (A2, as the Go NMO's onReconcileError) -------
+
+DENIED = 'nodes "n1" is forbidden: ValidatingAdmissionPolicy denied request: no node patches'
+
+
+@pytest.mark.parametrize(
+    ("phase", "last_error", "age", "writes"),
+    [
+        (None, None, None, True),  # e.g. the finalizer could not be added
+        (Phase.RUNNING, "not all pods evicted: 1 pending", 5.0, True),
+        (Phase.RUNNING, DENIED, 5.0, False),  # the backoff's retry: already said
+        (Phase.RUNNING, DENIED, 61.0, True),  # ... but lastUpdate still moves
+        (Phase.SUCCEEDED, None, 3600.0, True),
+    ],
+)
+def test_an_api_failure_is_recorded_in_last_error(
+    phase: Phase | None, last_error: str | None, age: float | None, writes: bool
+) -> None:
+    st: Obj = {}
+    if last_error is not None:
+        st["lastError"] = last_error
+    if age is not None:
+        st["lastUpdate"] = (NOW - timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    nm = nm_obj(phase=phase, status=st)
+    new = planner.api_error_status(nm, error=DENIED, now=NOW)
+    assert (new is not None) is writes
+    if new is not None:
+        assert new.last_error == DENIED and new.last_update == NOW
+        assert new.phase == nm.status.phase, "the phase is left as it is"

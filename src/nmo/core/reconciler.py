@@ -103,6 +103,43 @@ class Reconciler:
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
+        """One pass; an API failure is recorded in lastError, then retried with backoff."""
+        try:
+            return await self._pass(name)
+        except Conflict:
+            raise  # stale view: repeated on fresh state at once, not an error
+        except KubeError as exc:
+            await self._report(name, exc)
+            raise
+
+    async def _report(self, name: str, exc: KubeError) -> None:
+        """Put a failed request's message in lastError, as the Go NMO's onReconcileError.
+
+        Only lastError and lastUpdate are patched (no resourceVersion: nothing
+        else of the status is touched). A repeat of the same error within a
+        heartbeat is not written again, so the backoff's retries are no write
+        storm. If this write fails too (no RBAC for the status), the log has it.
+        """
+        raw = self.maintenances.get(name)
+        if raw is None:
+            return
+        nm = NodeMaintenance.from_api(raw)
+        new = planner.api_error_status(nm, error=str(exc), now=self.clock(), settings=self.settings)
+        if new is None:
+            return
+        body = new.to_api()
+        patch = {"status": {"lastError": body["lastError"], "lastUpdate": body["lastUpdate"]}}
+        try:
+            self._remember(await self.kube.merge_patch(nm_path(name, "status"), patch))
+        except KubeError as again:
+            log.warning(
+                "maintenance %s: could not record the error in its status: %s",
+                name,
+                again,
+                extra={"maintenance": name, "node": nm.spec.node_name},
+            )
+
+    async def _pass(self, name: str) -> Result:
         raw = self.maintenances.get(name)
         if raw is None:
             self.memories.forget(name)

@@ -267,7 +267,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         )
     meta |= _ownership(nm, obs.node)
     lease = LeaseStep.NONE
-    if obs.recall.renewal_error is not None:
+    if obs.recall.renewal_error is not None or (
+        not obs.recall.lease_held and (st.error_on_lease_count or 0) > 0
+    ):
+        # After a failure every attempt renews for real, as medik8s/common's
+        # RequestLease always writes: a lease that cannot be written keeps
+        # counting (and fails the maintenance) instead of passing on a read.
         lease = LeaseStep.FORCE
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
@@ -488,6 +493,24 @@ def plan_lease_failure(
         ),
     )
     return _heartbeat(obs, waiting, settings)
+
+
+def api_error_status(
+    nm: NodeMaintenance, *, error: str, now: datetime, settings: PlanSettings = SETTINGS
+) -> NodeMaintenanceStatus | None:
+    """The status after a pass whose API request failed (node patch, finalizer,
+    status...), or None when it already says so and lastUpdate is recent.
+
+    The Go NMO records every such error in lastError and retries; so does
+    nmo, writing it once per error (and per heartbeat) however often the
+    backoff retries.
+    """
+    st = nm.status
+    last = st.last_update
+    if st.last_error == error and last is not None:
+        if (now - last).total_seconds() < settings.heartbeat:
+            return None
+    return st.model_copy(update={"last_error": error, "last_update": now})
 
 
 def plan_leave(obs: Observed) -> Plan:
