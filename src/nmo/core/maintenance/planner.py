@@ -507,9 +507,9 @@ def api_error_status(
     """
     st = nm.status
     last = st.last_update
-    if st.last_error == error and last is not None:
-        if (now - last).total_seconds() < settings.heartbeat:
-            return None
+    recent = last is not None and (now - last).total_seconds() < settings.heartbeat
+    if st.last_error == error and recent:
+        return None
     return st.model_copy(update={"last_error": error, "last_update": now})
 
 
