@@ -294,7 +294,7 @@ class Reconciler:
                 if plan.work is Work.STOP:
                     # Restored and released before Failed is written: Failed is
                     # terminal, so an undo that fails must leave the CR to be retried.
-                    await self._undo(obs, plan, record)
+                    plan = await self._undo(obs, plan, record)
                 raw = await self._write_status(raw, plan, record)
                 await self._finish(raw, obs, plan, record)
                 return plan.result
@@ -360,15 +360,22 @@ class Reconciler:
 
     async def _apply_abort(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
         """onTimeout Abort: node restored, lease released, then Failed (terminal)."""
-        await self._undo(obs, plan, record)
+        plan = await self._undo(obs, plan, record)
         raw = await self._write_status(raw, plan, record)
         if plan.timed_out is not None:
             self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
         await self._finish(raw, obs, plan, record)
         return plan.result
 
-    async def _undo(self, obs: Observed, plan: Plan, record: Memory) -> None:
-        """Stop the record's work, restore the node, release the lease (leave or abort)."""
+    async def _undo(self, obs: Observed, plan: Plan, record: Memory) -> Plan:
+        """Stop the record's work, restore the node, release the lease (leave, abort,
+        lease exhaustion); the plan's events still to record are returned.
+
+        The node's events (UncordonNode) are recorded as soon as the node is
+        restored, as the Go NMO does: a later step that fails (the lease, the
+        finalizer, the status) is retried on a node that needs no uncordon,
+        and the event would otherwise never be recorded.
+        """
         nm = obs.nm
         record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
         if plan.node_patch:
@@ -379,6 +386,12 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+            if obs.node is not None:
+                target = obs.node | {"kind": "Node", "apiVersion": "v1"}
+                for emit in plan.events:
+                    if emit.target == "node":
+                        await self.recorder.emit(target, emit.event, warning=emit.warning)
+            plan = replace(plan, events=tuple(e for e in plan.events if e.target != "node"))
         if plan.lease is LeaseStep.RELEASE and await self.leases.release(nm.spec.node_name):
             log.info(
                 "maintenance %s: lease for node %s released",
@@ -386,9 +399,10 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+        return plan
 
     async def _apply_leave(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
-        await self._undo(obs, plan, record)
+        plan = await self._undo(obs, plan, record)
         if plan.metadata:
             try:
                 raw = await self._patch_metadata(raw, plan.metadata)
