@@ -65,7 +65,14 @@ async def remove_nm(api: Api, name: str) -> None:
 
 @asynccontextmanager
 async def denied(
-    api: Api, *, group: str, version: str, resource: str, name: str, probe: str
+    api: Api,
+    *,
+    group: str,
+    version: str,
+    resource: str,
+    name: str,
+    probe: str,
+    reason: str | None = "Forbidden",
 ) -> AsyncIterator[str]:
     """A ValidatingAdmissionPolicy denying every UPDATE/PATCH of one object; yields
     its message. ``probe`` is the object's path: a dry-run patch shows when the
@@ -94,7 +101,9 @@ async def denied(
                     {
                         "expression": f"object.metadata.name != '{name}'",
                         "message": message,
-                        "reason": "Forbidden",  # as RBAC or a webhook would answer
+                        # Forbidden (403) as RBAC or a webhook answers; None: the
+                        # policy's default, Invalid (422)
+                        **({"reason": reason} if reason else {}),
                     }
                 ],
             },
@@ -117,7 +126,7 @@ async def denied(
             json={"metadata": {"annotations": {"example.com/probe": uid()}}},
             headers={"Content-Type": "application/merge-patch+json"},
         )
-        return resp.status_code == 403
+        return resp.status_code == (403 if reason else 422)
 
     try:
         await wait_for(enforced, timeout=30, what=f"policy {policy} enforced")
@@ -148,12 +157,13 @@ def denials(window: AuditWindow, resource: str, name: str) -> list[Any]:
     return [
         e
         for e in nmo_events(window.events())
-        if e.on(resource, name) and e.verb == "patch" and e.code == 403
+        if e.on(resource, name) and e.verb == "patch" and e.code in (403, 422)
     ]
 
 
+@pytest.mark.parametrize("reason", ["Forbidden", None])
 async def test_a_denied_node_patch_reaches_last_error_and_is_retried(
-    operator: Operator, api: Api, node_factory: Any, sandbox: Sandbox
+    operator: Operator, api: Api, node_factory: Any, sandbox: Sandbox, reason: str | None
 ) -> None:
     """Label, taints and cordon refused by the apiserver: lastError says so (the
     API's message, as the Go NMO's onReconcileError), the pass is retried with
@@ -163,7 +173,7 @@ async def test_a_denied_node_patch_reaches_last_error_and_is_retried(
     probe = f"/api/v1/nodes/{target}"
     errors = await operator.metric("nmo_reconcile_total", result="error")
     async with denied(
-        api, group="", version="v1", resource="nodes", name=target, probe=probe
+        api, group="", version="v1", resource="nodes", name=target, probe=probe, reason=reason
     ) as message:
         window = await AuditWindow.open(sandbox)
         await api.create_nm(name, target)
@@ -174,14 +184,18 @@ async def test_a_denied_node_patch_reaches_last_error_and_is_retried(
         assert SECONDS.match(st["lastUpdate"]), st
 
         async def retried() -> bool:
-            return len(denials(window, "nodes", target)) >= 3
+            return len(denials(window, "nodes", target)) >= 5
 
         await wait_for(retried, timeout=60, what="nmo retrying the denied node patch")
         events = nmo_events(await window.close())
         writes = [e for e in events if e.on(PLURAL, name, subresource="status") and e.is_write]
-        print(f"\n{len(denials(window, 'nodes', target))} denied, {len(writes)} status writes")
+        refused = denials(window, "nodes", target)
+        print(f"\n{len(refused)} denied, {len(writes)} status writes")
         assert len(writes) == 1, "the same error written again:\n" + show(writes)
-        assert await operator.metric("nmo_reconcile_total", result="error") >= errors + 3
+        # retried with backoff, not every 0.2 s (a 422 is not a node that changed meanwhile)
+        span = (refused[4].received - refused[0].received).total_seconds()
+        assert span >= 2.0, "retried without backoff:\n" + show(refused)
+        assert await operator.metric("nmo_reconcile_total", result="error") >= errors + 5
         assert not (await api.node(target))["spec"].get("unschedulable")
     await lifted(api, probe)
     st = await wait_status(api, name, "Succeeded", lambda s: s.get("phase") == "Succeeded")

@@ -305,7 +305,7 @@ class Reconciler:
             try:
                 await self.kube.json_patch(node_path(obs.nm.spec.node_name), plan.node_patch)
             except KubeError as exc:
-                if exc.status_code not in (404, 409, 422):  # 409/422: failed resourceVersion test
+                if exc.status_code != 404 and not _changed_meanwhile(exc):
                     raise
                 log.info(
                     "maintenance %s: node %s changed meanwhile, retrying",
@@ -528,10 +528,26 @@ class Reconciler:
             except NotFound:
                 return
             except KubeError as exc:
-                if exc.status_code not in (409, 422):
+                if not _changed_meanwhile(exc):
                     raise
             ops = nodeplan.leave_patch(await self.kube.get(node_path(node_name)), prior)
         raise Conflict("node kept changing while restoring it")
+
+
+PATCH_REJECTED = "the server rejected our request due to an error in our request"
+
+
+def _changed_meanwhile(exc: KubeError) -> bool:
+    """A node patch refused because the node changed since it was read: 409, or the
+    bare 422 a failed JSON-patch ``test`` on its resourceVersion gets.
+
+    Any other 422 (an admission policy or webhook refusing the change) is an
+    error like a 403: reported in lastError and retried with backoff, not
+    retried at once forever.
+    """
+    if exc.status_code == 409:
+        return True
+    return exc.status_code == 422 and exc.message == PATCH_REJECTED and not exc.body.get("details")
 
 
 def _ctx(nm: NodeMaintenance) -> dict[str, str]:
