@@ -269,7 +269,10 @@ async def test_foreign_lease_blocks_then_release_lets_it_run(
 
     nm = await wait_for(blocked, what="lease conflict reported")
     assert nm["status"]["phase"] == "Running"
-    assert nm["status"]["lastError"].endswith("held by different owner: node-healthcheck")
+    assert nm["status"]["lastError"] == (  # the Go NMO's words
+        "failed to obtain a lease that is not owned by us : can't update or invalidate the "
+        "lease because it is held by different owner: node-healthcheck errorOnLeaseCount 0"
+    )
     # Two more attempts, both refused: not counted, and nothing done without the lease.
     window = await AuditWindow.open(sandbox)
     refused = await operator.metric("nmo_lease_errors_total", kind="foreign")
@@ -278,16 +281,20 @@ async def test_foreign_lease_blocks_then_release_lets_it_run(
         return await operator.metric("nmo_lease_errors_total", kind="foreign") >= refused + 2
 
     await wait_for(retried_twice, timeout=30, what="two more refused lease attempts")
+    logged = nmo_events(await window.close())
     touched = [
         e
-        for e in nmo_events(await window.close())
+        for e in logged
         if e.is_write
         and (e.on("nodes", target, subresource=None) or e.on("leases", f"node-{target}"))
     ]
     assert not touched, "node or lease written without the lease:\n" + show(touched)
+    # A refused attempt that changes nothing writes nothing (lastUpdate: once a minute).
+    rewrites = [e for e in logged if e.is_write and e.on(PLURAL, name, subresource="status")]
+    assert len(rewrites) <= 1, "status rewritten on every attempt:\n" + show(rewrites)
     nm = await api.nm(name)
     assert nm is not None
-    assert nm["status"]["errorOnLeaseCount"] == 0
+    assert "errorOnLeaseCount" not in nm["status"]  # 0, omitted as Go's omitempty does
     assert not (await api.node(target))["spec"].get("unschedulable"), "drained without the lease"
 
     await api.delete(f"/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases/node-{target}")
@@ -311,21 +318,34 @@ async def test_lease_taken_away_after_progress_fails_and_restores(
     assert resp.status_code == 200, resp.text
 
     counts: list[int] = []
+    errors: list[str] = []
 
     async def failed() -> dict[str, Any] | None:
         obj = await api.nm(name)
         st = (obj or {}).get("status") or {}
         counts.append(int(st.get("errorOnLeaseCount") or 0))
+        errors.append(st.get("lastError") or "")
         return obj if st.get("phase") == "Failed" else None
 
     nm = await wait_for(failed, timeout=60, what="Failed after lease errors")
     assert max(counts) >= 1
     assert "lease could not be extended after 4 attempts" in nm["status"]["lastError"]
+    extend = (
+        "failed to extend a lease that used to be owned by us, incrementing error on lease "
+        "count: can't update or invalidate the lease because it is held by different owner: "
+        "node-healthcheck, errorOnLeaseCount: "
+    )
+    counted = [e for e in errors if e.startswith("failed to extend")]
+    assert counted and all(e[len(extend) :] in ("1", "2", "3") for e in counted), errors
+    assert all(e.startswith(extend) for e in counted), counted
     node = await api.node(target)
     assert not node["spec"].get("unschedulable")
     assert not taint_keys(node) & TAINT_KEYS
     assert LABEL not in node["metadata"]["labels"]
+    # the Go NMO's restore after lease exhaustion records UncordonNode
+    assert len(await api.events(target, "UncordonNode")) == 1
     await remove_nm(api, name)
+    assert len(await api.events(target, "UncordonNode")) == 1, "uncordoned twice"
     lease = await api.get(path)
     assert lease is not None and lease["spec"]["holderIdentity"] == "node-healthcheck"  # left alone
     await api.delete(path)

@@ -390,7 +390,7 @@ def test_documented_values_exist() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     text = (ROOT / "docs" / "install.md").read_text()
     prefixes = "|".join(("networkPolicy", "nodePolicy", "webhook", "openshift", "leases"))
-    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)", text))
+    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)(?![\w/-])", text))
     assert {"networkPolicy.apiServer.cidrs", "nodePolicy.validationActions"} <= named
     for path in sorted(named):
         node: Any = values

@@ -135,3 +135,16 @@ async def test_a_foreign_lease_is_expired_only_past_the_skew(
     later = LeaseClient(kube, "medik8s-leases", clock=lambda: NOW + timedelta(seconds=2))
     assert (await later.request(NODE)).action is Action.TAKE_OVER
     assert put.call_count == 1
+
+
+@pytest.mark.parametrize(("spec", "deleted"), [({}, True), ({"holderIdentity": ""}, False)])
+async def test_release_deletes_a_lease_without_holder_as_common_does(
+    api_server: respx.MockRouter, kube: Kube, spec: dict[str, str], deleted: bool
+) -> None:
+    api_server.get(f"{LEASES}/node-n1").respond(
+        200,
+        json={"metadata": {"name": "node-n1", "uid": "l1", "resourceVersion": "3"}, "spec": spec},
+    )
+    delete = api_server.delete(f"{LEASES}/node-n1").respond(200, json={})
+    assert await LeaseClient(kube, "medik8s-leases").release("n1") is deleted
+    assert delete.call_count == (1 if deleted else 0)

@@ -19,6 +19,7 @@ import pytest
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.maintenance import planner
+from nmo.core.maintenance.budget import Admission
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.core.maintenance.node import PriorState, in_maintenance
 from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Recall, Work
@@ -296,38 +297,86 @@ def test_a_cr_for_another_node_is_not_a_duplicate() -> None:
 # -- lease counting (A5) -----------------------------------------------------
 
 
+HELD = "can't update or invalidate the lease because it is held by different owner: nhc"
+FORBIDDEN = 'leases.coordination.k8s.io "node-n1" is forbidden: User "nmo" cannot update'
+
+
 @pytest.mark.parametrize(
-    ("foreign", "progress", "count", "counted", "fails"),
+    ("foreign", "progress", "count", "counted", "fails", "error"),
     [
-        (True, 0, 0, False, False),  # someone else holds it before we began: wait
-        (True, 40, 0, True, False),  # we had made progress: it used to be ours
-        (False, 0, 0, True, False),  # API error: always counted
-        (False, 0, c.MAX_LEASE_ERRORS - 1, True, False),
-        (False, 0, c.MAX_LEASE_ERRORS, True, True),  # past the limit: Failed
-        (True, 0, c.MAX_LEASE_ERRORS, False, False),  # uncounted never fails
+        # someone else holds it before we began: wait, the Go NMO's words
+        (True, 0, 0, False, False,
+         f"failed to obtain a lease that is not owned by us : {HELD} errorOnLeaseCount 0"),
+        # we had made progress: it used to be ours (the count after the failure)
+        (True, 40, 0, True, False,
+         "failed to extend a lease that used to be owned by us, incrementing error on lease "
+         f"count: {HELD}, errorOnLeaseCount: 1"),
+        (True, 40, 2, True, False,
+         "failed to extend a lease that used to be owned by us, incrementing error on lease "
+         f"count: {HELD}, errorOnLeaseCount: 3"),
+        # API error: always counted, the API's own message
+        (False, 0, 0, True, False, FORBIDDEN),
+        (False, 0, c.MAX_LEASE_ERRORS - 1, True, False, FORBIDDEN),
+        # past the limit: Failed
+        (False, 0, c.MAX_LEASE_ERRORS, True, True, None),
+        (True, 40, c.MAX_LEASE_ERRORS, True, True, None),
+        # uncounted never fails
+        (True, 0, c.MAX_LEASE_ERRORS,  False, False,
+         f"failed to obtain a lease that is not owned by us : {HELD} errorOnLeaseCount 3"),
     ],
-)
+)  # fmt: skip
 def test_lease_failure(
-    foreign: bool, progress: int, count: int, counted: bool, fails: bool
+    foreign: bool, progress: int, count: int, counted: bool, fails: bool, error: str | None
 ) -> None:
     nm = nm_obj(
         phase=Phase.RUNNING,
         status={"drainProgress": progress, "errorOnLeaseCount": count},
     )
     obs = observed(nm, node=node_obj(maintenance=True))
-    plan = planner.plan_lease_failure(obs, error="boom", foreign=foreign)
+    plan = planner.plan_lease_failure(obs, error=HELD if foreign else FORBIDDEN, foreign=foreign)
     assert plan.status is not None
     assert plan.status.error_on_lease_count == count + (1 if counted else 0)
     if fails:
         assert plan.status.phase is Phase.FAILED
         assert plan.status.last_error == c.Messages.LEASE_EXHAUSTED.format(count=count + 1)
         assert plan.node_patch is not None and plan.restore, "the node is restored"
-        assert [e.event for e in plan.events] == [c.EVENT_FAILED]
+        # as the Go NMO's stopNodeMaintenanceImp: UncordonNode, the lease released
+        assert [(e.event, e.target) for e in plan.events] == [
+            (c.EVENT_UNCORDON, "node"),
+            (c.EVENT_FAILED, "maintenance"),
+        ]
+        assert plan.lease is LeaseStep.RELEASE
         assert plan.work is Work.STOP and plan.result.terminal
     else:
-        assert plan.status.phase is Phase.RUNNING and plan.status.last_error == "boom"
+        assert plan.status.phase is Phase.RUNNING and plan.status.last_error == error
+        assert "can't update or invalidate the lease" in error or not foreign
         assert plan.node_patch is None and plan.evict == ()
+        assert plan.lease is LeaseStep.NONE
         assert plan.result.requeue_after == planner.SETTINGS.lease_retry
+
+
+@pytest.mark.parametrize(
+    ("node", "uncordoned"),
+    [
+        (node_obj(maintenance=True), True),
+        (None, False),  # the node is gone: nothing to restore, the lease still released
+    ],
+)
+def test_lease_exhaustion_restores_releases_and_fails(node: Obj | None, uncordoned: bool) -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"drainProgress": 50, "errorOnLeaseCount": 3})
+    plan = planner.plan_lease_failure(observed(nm, node=node), error=HELD, foreign=True)
+    assert plan.lease is LeaseStep.RELEASE and plan.work is Work.STOP
+    assert (plan.node_patch is not None) is uncordoned
+    assert ("UncordonNode" in [e.event[0] for e in plan.events]) is uncordoned
+
+
+def test_lease_exhaustion_keeps_a_prior_cordon_and_records_no_uncordon() -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"drainProgress": 50, "errorOnLeaseCount": 3})
+    node = node_obj(maintenance=True, prior=PriorState(unschedulable=True, maintenance="uid-nm-1"))
+    plan = planner.plan_lease_failure(observed(nm, node=node), error=HELD, foreign=True)
+    assert plan.status is not None and plan.status.phase is Phase.FAILED
+    assert [e.event for e in plan.events] == [c.EVENT_FAILED]
+    assert plan.lease is LeaseStep.RELEASE
 
 
 def test_lease_failure_on_the_first_pass_still_starts_the_status() -> None:
@@ -340,7 +389,9 @@ def test_lease_failure_on_the_first_pass_still_starts_the_status() -> None:
 def test_a_successful_request_clears_the_error_count() -> None:
     nm = nm_obj(phase=Phase.RUNNING, status={"errorOnLeaseCount": 2})
     plan = planner.plan(observed(nm, recall=Recall(lease_held=False)))
-    assert plan.lease is LeaseStep.REQUEST
+    # after counted errors the lease is written, not only read (a KEEP would
+    # reset the count of a lease that cannot be renewed)
+    assert plan.lease is LeaseStep.FORCE
     assert plan.status is not None and plan.status.error_on_lease_count == 0
 
 
@@ -554,3 +605,130 @@ def test_a_failed_cr_left_alone_does_not_read_its_node(
     phase: Phase | None, deleting: bool, reads: bool
 ) -> None:
     assert planner.needs_node(nm_obj(phase=phase, deleting=deleting)) is reads
+
+
+# -- lastUpdate heartbeat (A2: "is the operator alive" checks) ----------------
+
+
+def _settled(obs: Observed, *, age: float, written_ago: float | None = None) -> Observed:
+    """``obs`` with the status its own plan writes already persisted ``age`` s ago."""
+    first = planner.plan(obs)
+    assert first.status is not None
+    persisted = first.status.model_copy(update={"last_update": NOW - timedelta(seconds=age)})
+    raw = obs.nm.model_dump(mode="json", by_alias=True)
+    raw["status"] = persisted.to_api()
+    return replace(
+        obs,
+        nm=NodeMaintenance.from_api(raw),
+        recall=replace(obs.recall, status_written_ago=written_ago),
+    )
+
+
+BLOCKED = {
+    "app/a": PodDrainState(uid="u-a", reason=REASON_PDB, message="needs 1", next_attempt=1e9)
+}
+
+
+@pytest.mark.parametrize(
+    ("age", "written_ago", "writes", "wait"),
+    [
+        (10.0, None, False, 50.0),  # back when lastUpdate turns 60 s old
+        (59.0, 59.0, False, 1.0),
+        (60.0, None, True, 60.0),  # a minute: lastUpdate moves, nothing else
+        (600.0, None, True, 60.0),  # e.g. after a restart
+        # lastUpdate is stored at second precision: this process's own last
+        # write is the sharper clock, so writes stay a minute apart
+        (60.4, 59.6, False, 0.4),
+    ],
+)
+def test_a_running_maintenance_moves_last_update_once_a_minute(
+    age: float, written_ago: float | None, writes: bool, wait: float
+) -> None:
+    obs = _settled(
+        observed(_running_with(["a"]), pods=(pod("a"),), drain=BLOCKED),
+        age=age,
+        written_ago=written_ago,
+    )
+    plan = planner.plan(obs)
+    assert (plan.status is not None) is writes
+    if plan.status is not None:
+        assert plan.status.last_update == NOW
+        assert not planner.status.differs(obs.nm.status, plan.status), "only lastUpdate moves"
+    assert plan.result.requeue_after == pytest.approx(wait)
+
+
+def test_finished_maintenances_keep_their_last_update() -> None:
+    done = _settled(observed(_running_with(["a"]), pods=()), age=3600.0)
+    assert done.nm.status.phase is Phase.SUCCEEDED
+    plan = planner.plan(done)
+    assert plan.status is None and plan.result.requeue_after is None
+    failed = nm_obj(phase=Phase.FAILED, status={"lastUpdate": "2026-12-01T10:00:00Z"})
+    plan = planner.plan(observed(failed))
+    assert plan.status is None and plan.result.requeue_after is None
+
+
+def test_every_write_of_a_running_maintenance_carries_now() -> None:
+    obs = observed(_running_with(["a", "b", "c"]), pods=(pod("a"),))
+    plan = planner.plan(obs)
+    assert plan.status is not None and plan.status.last_update == NOW
+
+
+def test_a_queued_maintenance_moves_last_update_too() -> None:
+    admission = Admission(admit=False, reason="BudgetFull", message="2 of 2 in maintenance")
+    obs = _settled(observed(nm_obj(), admission=admission), age=61.0)
+    plan = planner.plan(obs)
+    assert plan.status is not None and plan.status.phase is Phase.PENDING
+    assert plan.status.last_update == NOW
+    quiet = planner.plan(_settled(observed(nm_obj(), admission=admission), age=5.0))
+    assert quiet.status is None
+    assert quiet.result.requeue_after is not None and quiet.result.requeue_after <= 55.0
+
+
+@pytest.mark.parametrize(("age", "writes"), [(5.0, False), (61.0, True)])
+def test_waiting_for_a_foreign_lease_writes_only_when_something_changes(
+    age: float, writes: bool
+) -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"evictionPods": 1, "totalpods": 1})
+    obs = observed(nm, recall=Recall())
+    first = planner.plan_lease_failure(obs, error=HELD, foreign=True)
+    assert first.status is not None
+    raw = nm.model_dump(mode="json", by_alias=True)
+    raw["status"] = first.status.model_copy(
+        update={"last_update": NOW - timedelta(seconds=age)}
+    ).to_api()
+    again = planner.plan_lease_failure(
+        replace(obs, nm=NodeMaintenance.from_api(raw)), error=HELD, foreign=True
+    )
+    assert (again.status is not None) is writes
+    assert again.result.requeue_after == planner.SETTINGS.lease_retry
+
+
+# -- API failures reach lastError (A2, as the Go NMO's onReconcileError) -------
+
+DENIED = 'nodes "n1" is forbidden: ValidatingAdmissionPolicy denied request: no node patches'
+
+
+@pytest.mark.parametrize(
+    ("phase", "last_error", "age", "writes"),
+    [
+        (None, None, None, True),  # e.g. the finalizer could not be added
+        (Phase.RUNNING, "not all pods evicted: 1 pending", 5.0, True),
+        (Phase.RUNNING, DENIED, 5.0, False),  # the backoff's retry: already said
+        (Phase.RUNNING, DENIED, 61.0, True),  # ... but lastUpdate still moves
+        (Phase.SUCCEEDED, None, 3600.0, True),
+    ],
+)
+def test_an_api_failure_is_recorded_in_last_error(
+    phase: Phase | None, last_error: str | None, age: float | None, writes: bool
+) -> None:
+    st: Obj = {}
+    if last_error is not None:
+        st["lastError"] = last_error
+    if age is not None:
+        st["lastUpdate"] = (NOW - timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    nm = nm_obj(phase=phase, status=st)
+    new = planner.api_error_status(nm, error=DENIED, now=NOW)
+    assert (new is not None) is writes
+    if new is not None:
+        assert new.last_error == DENIED and new.last_update == NOW
+        assert new.phase == nm.status.phase, "the phase is left as it is"

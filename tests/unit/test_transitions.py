@@ -81,3 +81,45 @@ def test_draining_explains_the_blocked_pod() -> None:
         and "a/p1" in new.last_error
         and "blocked by budget" in new.last_error
     )
+
+
+def test_zero_counts_and_empty_lists_are_omitted_as_go_omitempty_does() -> None:
+    """Go NMO's json tags are all ``omitempty``: jsonpath prints nothing for them."""
+    running = status.first_pass(NodeMaintenanceStatus(), pending=[], total_pods=0, now=NOW)
+    api = running.to_api()
+    assert api == {"phase": "Running", "lastUpdate": "2026-11-30T00:00:00Z"}
+    done = status.succeeded(
+        NodeMaintenanceStatus(
+            phase=Phase.RUNNING,
+            last_error="x",
+            pending_pods=["a"],
+            pending_pods_refs=[PodReference(namespace="n", name="a")],
+            eviction_pods=1,
+            total_pods=2,
+            error_on_lease_count=0,
+        ),
+        NOW,
+    )
+    api = done.to_api()
+    for absent in ("pendingPods", "pendingPodsRefs", "pendingPodsDetails", "errorOnLeaseCount"):
+        assert absent not in api
+    assert api["drainProgress"] == 100 and api["evictionPods"] == 1 and api["totalpods"] == 2
+    # ... and the merge patch still clears what was set before
+    patch = status.status_patch(done)
+    for cleared in ("pendingPods", "pendingPodsRefs", "errorOnLeaseCount", "lastError"):
+        assert patch[cleared] is None
+
+
+def test_an_omitted_zero_equals_a_written_zero() -> None:
+    """A status read back without the zeros it was written with is not rewritten."""
+    written = NodeMaintenanceStatus(phase=Phase.RUNNING, error_on_lease_count=0, pending_pods=[])
+    read_back = NodeMaintenanceStatus.model_validate(written.to_api())
+    assert read_back.error_on_lease_count is None and read_back.pending_pods is None
+    assert not status.differs(read_back, written)
+
+
+def test_last_update_is_written_at_second_precision() -> None:
+    st = NodeMaintenanceStatus(
+        phase=Phase.RUNNING, last_update=datetime(2026, 11, 30, 1, 2, 3, 987654, tzinfo=UTC)
+    )
+    assert st.to_api()["lastUpdate"] == "2026-11-30T01:02:03Z"

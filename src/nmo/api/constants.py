@@ -96,6 +96,15 @@ class Messages:
     LEASE_EXHAUSTED: Final = (
         "maintenance failed: lease could not be extended after {count} attempts"
     )
+    # lastError for a foreign lease (the Go NMO's wording, spacing included):
+    # before any drain progress (not counted), and after it (counted).
+    LEASE_NOT_OWNED: Final = (
+        "failed to obtain a lease that is not owned by us : {error} errorOnLeaseCount {count}"
+    )
+    LEASE_EXTEND_FAILED: Final = (
+        "failed to extend a lease that used to be owned by us, incrementing error on lease "
+        "count: {error}, errorOnLeaseCount: {count}"
+    )
     WEBHOOK_NO_NODE: Final = "invalid nodeName, no node with name {node} found"
     WEBHOOK_DUPLICATE: Final = "invalid nodeName, a NodeMaintenance for node {node} already exists"
     WEBHOOK_QUORUM: Final = (

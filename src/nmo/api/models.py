@@ -8,7 +8,7 @@ read from the API server is parsed into them once, at the edge.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -209,8 +209,34 @@ class NodeMaintenanceStatus(_Model):
     )
 
     def to_api(self) -> dict[str, Any]:
-        """The status as the API expects it (JSON names, RFC 3339 times)."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        """The status as the API expects it (JSON names, RFC 3339 times).
+
+        Zero counts, empty strings and empty lists are left out, as the Go
+        types' ``omitempty`` does, so jsonpath prints what it printed with
+        the Go NMO (nothing for ``errorOnLeaseCount`` 0 or ``pendingPods`` []);
+        ``lastUpdate`` is written at second precision, as metav1.Time is.
+        """
+        body = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if self.last_update is not None:
+            # metav1.Time: RFC 3339 at second precision, as the Go NMO writes it.
+            body["lastUpdate"] = self.last_update.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {k: v for k, v in body.items() if not (k in OMIT_EMPTY and v in (0, "", []))}
+
+
+OMIT_EMPTY = frozenset(
+    {
+        "drainProgress",
+        "lastError",
+        "pendingPods",
+        "pendingPodsRefs",
+        "pendingPodsDetails",
+        "totalpods",
+        "evictionPods",
+        "errorOnLeaseCount",
+        "conditions",
+    }
+)
+"""Status fields written only when they are not zero or empty (Go's ``omitempty``)."""
 
 
 class ObjectMeta(_Model):

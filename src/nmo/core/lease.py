@@ -126,7 +126,7 @@ class LeaseClient:
                 elif decision.action in (Action.RENEW, Action.TAKE_OVER):
                     assert lease is not None
                     await self.kube.replace(
-                        self.path(name), apply(decision, lease, now, holder=self.holder)
+                        self.path(name), apply(decision, lease, node, now, holder=self.holder)
                     )
                 return decision
             except (Conflict, AlreadyExists):
@@ -135,11 +135,16 @@ class LeaseClient:
         raise AssertionError("unreachable")
 
     async def release(self, node_name: str) -> bool:
-        """Delete the lease if we hold it; a foreign lease is left alone."""
+        """Delete the lease if we hold it; a foreign lease is left alone.
+
+        A lease without ``holderIdentity`` is nobody's and is deleted too, as
+        medik8s/common's InvalidateLease does (an empty holder is someone's).
+        """
         lease = await self.get(node_name)
         if lease is None:
             return False
-        if (lease.get("spec") or {}).get("holderIdentity") != self.holder:
+        current = (lease.get("spec") or {}).get("holderIdentity")
+        if current is not None and current != self.holder:
             return False
         try:
             await self.kube.delete(

@@ -103,6 +103,43 @@ class Reconciler:
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
+        """One pass; an API failure is recorded in lastError, then retried with backoff."""
+        try:
+            return await self._pass(name)
+        except Conflict:
+            raise  # stale view: repeated on fresh state at once, not an error
+        except KubeError as exc:
+            await self._report(name, exc)
+            raise
+
+    async def _report(self, name: str, exc: KubeError) -> None:
+        """Put a failed request's message in lastError, as the Go NMO's onReconcileError.
+
+        Only lastError and lastUpdate are patched (no resourceVersion: nothing
+        else of the status is touched). A repeat of the same error within a
+        heartbeat is not written again, so the backoff's retries are no write
+        storm. If this write fails too (no RBAC for the status), the log has it.
+        """
+        raw = self.maintenances.get(name)
+        if raw is None:
+            return
+        nm = NodeMaintenance.from_api(raw)
+        new = planner.api_error_status(nm, error=str(exc), now=self.clock(), settings=self.settings)
+        if new is None:
+            return
+        body = new.to_api()
+        patch = {"status": {"lastError": body["lastError"], "lastUpdate": body["lastUpdate"]}}
+        try:
+            self._remember(await self.kube.merge_patch(nm_path(name, "status"), patch))
+        except KubeError as again:
+            log.warning(
+                "maintenance %s: could not record the error in its status: %s",
+                name,
+                again,
+                extra={"maintenance": name, "node": nm.spec.node_name},
+            )
+
+    async def _pass(self, name: str) -> Result:
         raw = self.maintenances.get(name)
         if raw is None:
             self.memories.forget(name)
@@ -251,11 +288,13 @@ class Reconciler:
                 foreign = isinstance(exc, LeaseHeldError)
                 self.metrics.lease_errors.labels(kind="foreign" if foreign else "api").inc()
                 record.stop_renewer()
-                plan = planner.plan_lease_failure(obs, error=str(exc), foreign=foreign)
-                if plan.node_patch is not None:
-                    # Restored before Failed is written: Failed is terminal, so a
-                    # restore that fails must leave the CR to be retried.
-                    await self._restore(obs, plan.node_patch)
+                plan = planner.plan_lease_failure(
+                    obs, error=str(exc), foreign=foreign, settings=self.settings
+                )
+                if plan.work is Work.STOP:
+                    # Restored and released before Failed is written: Failed is
+                    # terminal, so an undo that fails must leave the CR to be retried.
+                    plan = await self._undo(obs, plan, record)
                 raw = await self._write_status(raw, plan, record)
                 await self._finish(raw, obs, plan, record)
                 return plan.result
@@ -266,7 +305,7 @@ class Reconciler:
             try:
                 await self.kube.json_patch(node_path(obs.nm.spec.node_name), plan.node_patch)
             except KubeError as exc:
-                if exc.status_code not in (404, 409, 422):  # 409/422: failed resourceVersion test
+                if exc.status_code != 404 and not _changed_meanwhile(exc):
                     raise
                 log.info(
                     "maintenance %s: node %s changed meanwhile, retrying",
@@ -321,15 +360,22 @@ class Reconciler:
 
     async def _apply_abort(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
         """onTimeout Abort: node restored, lease released, then Failed (terminal)."""
-        await self._undo(obs, plan, record)
+        plan = await self._undo(obs, plan, record)
         raw = await self._write_status(raw, plan, record)
         if plan.timed_out is not None:
             self.metrics.drain_timeouts.labels(action=plan.timed_out.value).inc()
         await self._finish(raw, obs, plan, record)
         return plan.result
 
-    async def _undo(self, obs: Observed, plan: Plan, record: Memory) -> None:
-        """Stop the record's work, restore the node, release the lease (leave or abort)."""
+    async def _undo(self, obs: Observed, plan: Plan, record: Memory) -> Plan:
+        """Stop the record's work, restore the node, release the lease (leave, abort,
+        lease exhaustion); the plan's events still to record are returned.
+
+        The node's events (UncordonNode) are recorded as soon as the node is
+        restored, as the Go NMO does: a later step that fails (the lease, the
+        finalizer, the status) is retried on a node that needs no uncordon,
+        and the event would otherwise never be recorded.
+        """
         nm = obs.nm
         record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
         if plan.node_patch:
@@ -340,6 +386,12 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+            if obs.node is not None:
+                target = obs.node | {"kind": "Node", "apiVersion": "v1"}
+                for emit in plan.events:
+                    if emit.target == "node":
+                        await self.recorder.emit(target, emit.event, warning=emit.warning)
+            plan = replace(plan, events=tuple(e for e in plan.events if e.target != "node"))
         if plan.lease is LeaseStep.RELEASE and await self.leases.release(nm.spec.node_name):
             log.info(
                 "maintenance %s: lease for node %s released",
@@ -347,9 +399,10 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+        return plan
 
     async def _apply_leave(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
-        await self._undo(obs, plan, record)
+        plan = await self._undo(obs, plan, record)
         if plan.metadata:
             try:
                 raw = await self._patch_metadata(raw, plan.metadata)
@@ -472,13 +525,29 @@ class Reconciler:
             except NotFound:
                 return
             except KubeError as exc:
-                if exc.status_code not in (409, 422):
+                if not _changed_meanwhile(exc):
                     raise
             fresh = await self.kube.get(node_path(node_name))
             prior = nodeplan.prior_for(fresh, obs.nm.metadata.uid)
             ended = obs.nm.metadata.deletion_timestamp is not None
             ops = nodeplan.leave_patch(fresh, prior, forget=ended)
         raise Conflict("node kept changing while restoring it")
+
+
+PATCH_REJECTED = "the server rejected our request due to an error in our request"
+
+
+def _changed_meanwhile(exc: KubeError) -> bool:
+    """A node patch refused because the node changed since it was read: 409, or the
+    bare 422 a failed JSON-patch ``test`` on its resourceVersion gets.
+
+    Any other 422 (an admission policy or webhook refusing the change) is an
+    error like a 403: reported in lastError and retried with backoff, not
+    retried at once forever.
+    """
+    if exc.status_code == 409:
+        return True
+    return exc.status_code == 422 and exc.message == PATCH_REJECTED and not exc.body.get("details")
 
 
 def _ctx(nm: NodeMaintenance) -> dict[str, str]:

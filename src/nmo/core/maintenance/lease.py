@@ -7,6 +7,12 @@ expired foreign lease, or refuse); :func:`apply` and :func:`build_lease`
 compute the object to write. :func:`lease_times` is the one place that reads
 a lease's renew time and expiry (used by the decision, ``nmo cleanup`` and
 ``nmo status``). The I/O lives in :mod:`nmo.core.lease`.
+
+The corner cases are medik8s/common's (pkg/lease/manager.go): a lease without
+``renewTime`` or ``leaseDurationSeconds`` has no expiry, so a foreign one is
+invalid and taken over, and an own one is renewed as if newly acquired; any
+holder but ours, an empty one included, holds a valid lease; every renewal
+and takeover points the lease's ownerReferences at the current Node.
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 def lease_times(spec: Mapping[str, Any]) -> tuple[datetime | None, datetime | None]:
-    """When a lease (its ``spec``) was last renewed and when it expires."""
-    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
-    if renewed is None:
+    """When a lease (its ``spec``) was last renewed and when it expires.
+
+    Both are None unless ``renewTime`` and ``leaseDurationSeconds`` are set:
+    medik8s/common gives such a lease no expiry (it is never valid), and
+    ``acquireTime`` does not stand in for a missing renewal.
+    """
+    renewed = parse_time(spec.get("renewTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if renewed is None or duration is None:
         return None, None
-    return renewed, renewed + timedelta(seconds=int(spec.get("leaseDurationSeconds") or 0))
+    return renewed, renewed + timedelta(seconds=int(duration))
 
 
 class Action(enum.Enum):
@@ -58,6 +70,10 @@ class Decision:
     action: Action
     holder: str = ""
     expires: datetime | None = None
+    reacquire: bool = False  # a RENEW that also sets acquireTime and bumps leaseTransitions
+
+
+UNKNOWN_HOLDER = "unknown"  # medik8s/common's name for a lease without holderIdentity
 
 
 CLOCK_SKEW = timedelta(seconds=2)
@@ -85,16 +101,28 @@ def decide(
     if lease is None:
         return Decision(Action.CREATE)
     spec = lease.get("spec") or {}
-    current = str(spec.get("holderIdentity") or "")
+    current = spec.get("holderIdentity")
     renewed, expires = lease_times(spec)
     if current == holder:
-        if renewed is None or now - renewed >= renew_after or expires is None or now > expires:
-            return Decision(Action.RENEW, current, expires)
-        return Decision(Action.KEEP, current, expires)
+        if renewed is None or expires is None:
+            # No renewal or duration recorded: renewed as if acquired now (common).
+            return Decision(Action.RENEW, holder, None, reacquire=True)
+        if now > expires:
+            return Decision(Action.RENEW, holder, expires, reacquire=not spec.get("acquireTime"))
+        if now - renewed >= renew_after:
+            return Decision(Action.RENEW, holder, expires)
+        return Decision(Action.KEEP, holder, expires)
+    name = UNKNOWN_HOLDER if current is None else str(current)
     valid = renewed is not None and expires is not None and renewed - skew <= now <= expires + skew
-    if current and valid:
-        return Decision(Action.FOREIGN, current, expires)
-    return Decision(Action.TAKE_OVER, current, expires)
+    if valid:  # whoever holds it, an empty holderIdentity included
+        return Decision(Action.FOREIGN, name, expires)
+    return Decision(Action.TAKE_OVER, name, expires)
+
+
+def owner_reference(node: Mapping[str, Any]) -> dict[str, Any]:
+    """The lease's owner: the Node it is for (apiVersion, kind, name, uid, as common)."""
+    meta = node["metadata"]
+    return {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
 
 
 def build_lease(
@@ -107,9 +135,7 @@ def build_lease(
         "metadata": {
             "name": c.lease_name(name),
             "namespace": namespace,
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
-            ],
+            "ownerReferences": [owner_reference(node)],
         },
         "spec": {
             "holderIdentity": holder,
@@ -122,17 +148,22 @@ def build_lease(
 
 
 def apply(
-    decision: Decision, lease: Lease, now: datetime, *, holder: str = c.LEASE_HOLDER
+    decision: Decision,
+    lease: Lease,
+    node: Mapping[str, Any],
+    now: datetime,
+    *,
+    holder: str = c.LEASE_HOLDER,
 ) -> Lease:
-    """The lease object after a RENEW or TAKE_OVER (pure)."""
-    out = {**lease, "spec": dict(lease.get("spec") or {})}
+    """The lease object after a RENEW or TAKE_OVER of it for ``node`` (pure)."""
+    meta = dict(lease.get("metadata") or {})
+    meta["ownerReferences"] = [owner_reference(node)]
+    out = {**lease, "metadata": meta, "spec": dict(lease.get("spec") or {})}
     spec = out["spec"]
-    if decision.action is Action.TAKE_OVER:
-        spec["holderIdentity"] = holder
+    if decision.action is Action.TAKE_OVER or decision.reacquire:
         spec["acquireTime"] = format_micro(now)
         spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+    spec["holderIdentity"] = holder
     spec["leaseDurationSeconds"] = c.LEASE_DURATION_SECONDS
     spec["renewTime"] = format_micro(now)
-    if not spec.get("acquireTime"):
-        spec["acquireTime"] = format_micro(now)
     return out

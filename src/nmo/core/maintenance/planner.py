@@ -67,6 +67,7 @@ class PlanSettings:
     drain_timeout: int = 0  # operator default for spec.drain.timeoutSeconds (0: none)
     on_timeout: OnTimeout = OnTimeout.REPORT  # operator default for spec.drain.onTimeout
     queue_recheck: float = 30.0  # a queued CR is looked at again at least this often
+    heartbeat: float = 60.0  # lastUpdate of a Pending or Running CR is never older than this
 
 
 SETTINGS = PlanSettings()
@@ -121,7 +122,7 @@ def _status_write(
 
 def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
     """A status as compared for rewrites (everything but lastUpdate)."""
-    return st.model_dump(mode="json", exclude={"last_update"})
+    return status.comparable(st)
 
 
 def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
@@ -172,7 +173,54 @@ def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
     """Everything one pass does for the CR (assuming the lease step succeeds)."""
     if obs.nm.metadata.deletion_timestamp is not None:
         return plan_leave(obs)
-    return _plan_enter(obs, settings)
+    return _heartbeat(obs, _plan_enter(obs, settings), settings)
+
+
+LIVE = (Phase.PENDING, Phase.RUNNING)  # phases whose lastUpdate says the operator is alive
+
+
+def heartbeat_in(obs: Observed, settings: PlanSettings) -> float:
+    """Seconds until lastUpdate must move again (<= 0: now).
+
+    Measured from the persisted lastUpdate, or from this process's own last
+    write when that is later (the persisted value is truncated to the second,
+    and a write is never repeated within ``heartbeat`` for it).
+    """
+    last = obs.nm.status.last_update
+    age = float("inf") if last is None else (obs.now - last).total_seconds()
+    if obs.recall.status_written_ago is not None:
+        age = min(age, obs.recall.status_written_ago)
+    return settings.heartbeat - age
+
+
+def _heartbeat(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
+    """lastUpdate moves at least every ``heartbeat`` while Pending or Running (A2).
+
+    Scripts check that the operator is alive by the age of lastUpdate, as
+    the Go NMO rewrote it on every pass. nmo writes a status only when it
+    changes, so: every write of a live CR carries ``now``, a pass with
+    nothing to write rewrites the persisted status with ``now`` once
+    ``heartbeat`` has passed, and the CR is looked at again by then. When
+    nothing changes that is one write per ``heartbeat``.
+    """
+    if out.work not in (Work.RUN, Work.QUEUED) or out.result.terminal:
+        return out
+    if (out.status or obs.nm.status).phase not in LIVE:
+        return out
+    if out.status is not None:
+        st, wait = out.status.model_copy(update={"last_update": obs.now}), settings.heartbeat
+    else:
+        due = heartbeat_in(obs, settings)
+        st, wait = None, due
+        if due <= 0:
+            st = obs.nm.status.model_copy(update={"last_update": obs.now})
+            wait = settings.heartbeat
+    after = out.result.requeue_after
+    return replace(
+        out,
+        status=st,
+        result=Result(requeue_after=max(0.05, wait if after is None else min(after, wait))),
+    )
 
 
 def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
@@ -214,7 +262,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         )
     meta |= _ownership(nm, obs.node)
     lease = LeaseStep.NONE
-    if obs.recall.renewal_error is not None:
+    if obs.recall.renewal_error is not None or (
+        not obs.recall.lease_held and (st.error_on_lease_count or 0) > 0
+    ):
+        # After a failure every attempt renews for real, as medik8s/common's
+        # RequestLease always writes: a lease that cannot be written keeps
+        # counting (and fails the maintenance) instead of passing on a read.
         lease = LeaseStep.FORCE
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
@@ -368,40 +421,66 @@ def _abort(
     )
 
 
-def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
+def lease_error_text(error: str, *, foreign: bool, counted: bool, count: int) -> str:
+    """lastError for a failed lease request, as the Go NMO words it (A5).
+
+    A foreign lease names whether it used to be ours (counted) or not, with
+    the count after the failure; any other error is the API's own message.
+    """
+    if not foreign:
+        return error
+    text = c.Messages.LEASE_EXTEND_FAILED if counted else c.Messages.LEASE_NOT_OWNED
+    return text.format(error=error, count=count)
+
+
+def plan_lease_failure(
+    obs: Observed, *, error: str, foreign: bool, settings: PlanSettings = SETTINGS
+) -> Plan:
     """The pass when the lease step failed (A5).
 
     A foreign lease before the drain made progress is not counted (NMO waits
     for the other holder); every other failure increments errorOnLeaseCount,
-    and past the limit the maintenance fails: the node is restored and the
-    CR is Failed with the lease exhausted message.
+    and past the limit the maintenance fails as the Go NMO's does: the node
+    is restored (UncordonNode when that uncordons it), the lease released
+    (one held by someone else is left alone) and the CR is Failed with the
+    lease exhausted message.
     """
     st = _started(obs)
     begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
     if not st.begun:
         # The node's pods are not known yet: the error is recorded with the
         # starting figures (phase Running) once its pod watch has synced.
-        return Plan(events=begun, result=Result(requeue_after=SETTINGS.pods_wait))
+        return Plan(events=begun, result=Result(requeue_after=settings.pods_wait))
     counted = not (foreign and not (st.drain_progress or 0))
-    new = status.lease_error(st, error=error, counted=counted, now=obs.now)
+    count = (st.error_on_lease_count or 0) + (1 if counted else 0)
+    text = lease_error_text(error, foreign=foreign, counted=counted, count=count)
+    new = status.lease_error(st, error=text, counted=counted, now=obs.now)
     if new.phase is Phase.FAILED:
         restore = None
+        events = list(begun)
         if obs.node is not None:
-            restore = nodeplan.leave_patch(obs.node, _prior(obs))
+            undo = nodeplan.restore(obs.node, _prior(obs))
+            restore = undo.ops
+            if undo.uncordon:
+                events.append(Emit(c.EVENT_UNCORDON, target="node"))
+        events.append(Emit(c.EVENT_FAILED, warning=True))
         return Plan(
+            lease=LeaseStep.RELEASE,
             status=new,
             node_patch=restore,
             restore=restore is not None,
             drop=tuple(obs.drain),
-            events=(*begun, Emit(c.EVENT_FAILED, warning=True)),
+            events=tuple(events),
             work=Work.STOP,
             result=TERMINAL,
             notes=(f"maintenance {obs.nm.metadata.name} failed: {new.last_error}",),
         )
-    return Plan(
-        status=new,
+    # Retried every lease_retry seconds: the status is written when it changes
+    # (and lastUpdate once per heartbeat), not on every refused attempt.
+    waiting = Plan(
+        status=_status_write(obs, new, settings),
         events=begun,
-        result=Result(requeue_after=SETTINGS.lease_retry),
+        result=Result(requeue_after=settings.lease_retry),
         notes=(
             f"maintenance {obs.nm.metadata.name}: "
             + (
@@ -412,6 +491,25 @@ def plan_lease_failure(obs: Observed, *, error: str, foreign: bool) -> Plan:
             + error,
         ),
     )
+    return _heartbeat(obs, waiting, settings)
+
+
+def api_error_status(
+    nm: NodeMaintenance, *, error: str, now: datetime, settings: PlanSettings = SETTINGS
+) -> NodeMaintenanceStatus | None:
+    """The status after a pass whose API request failed (node patch, finalizer,
+    status...), or None when it already says so and lastUpdate is recent.
+
+    The Go NMO records every such error in lastError and retries; so does
+    nmo, writing it once per error (and per heartbeat) however often the
+    backoff retries.
+    """
+    st = nm.status
+    last = st.last_update
+    recent = last is not None and (now - last).total_seconds() < settings.heartbeat
+    if st.last_error == error and recent:
+        return None
+    return st.model_copy(update={"last_error": error, "last_update": now})
 
 
 def plan_leave(obs: Observed) -> Plan:

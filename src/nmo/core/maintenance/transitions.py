@@ -191,10 +191,20 @@ def drain_timed_out(
     return failed(status, error=error, now=now)
 
 
+def comparable(st: NodeMaintenanceStatus) -> dict[str, object]:
+    """A status as it is written, but lastUpdate: what two statuses are compared by.
+
+    Compared in the API's form, so a zero or an empty list the API never
+    stores (omitempty) equals a field that is absent.
+    """
+    body = st.to_api()
+    body.pop("lastUpdate", None)
+    return body
+
+
 def differs(a: NodeMaintenanceStatus, b: NodeMaintenanceStatus) -> bool:
     """Whether writing ``b`` over ``a`` changes anything but lastUpdate."""
-    strip = {"last_update"}
-    return a.model_dump(exclude=strip) != b.model_dump(exclude=strip)
+    return comparable(a) != comparable(b)
 
 
 def status_patch(new: NodeMaintenanceStatus) -> dict[str, object]:
