@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -202,20 +203,42 @@ async def test_timeout_delete_removes_pods_with_their_grace_period(
     await never_allowing_pdb(api, namespace, "db-pdb", {"app": "db"}, 2)
     window = await AuditWindow.open(sandbox)
     before = await operator.metric("nmo_forced_deletions_total", outcome="deleted")
-    name = await create_nm(api, node, {"timeoutSeconds": 8, "onTimeout": "Delete"})
     seen: dict[str, tuple[datetime, int]] = {}  # pod -> (deletion requested, grace used)
+    # Every change of the pods, from a watch opened before the CR: a pod
+    # deleted with 1 s of grace is gone before a poll may look.
+    async with sandbox.client() as client:
+        listing = (await client.get(f"/api/v1/namespaces/{namespace}/pods")).json()
+        watching = asyncio.Event()
 
-    async def all_gone() -> bool:
-        for pod in await api.pods(namespace):
-            meta = pod["metadata"]
-            if "deletionTimestamp" in meta and meta["name"] not in seen:
-                grace = int(meta["deletionGracePeriodSeconds"])
-                requested = ts(meta["deletionTimestamp"]).timestamp() - grace
-                seen[meta["name"]] = (datetime.fromtimestamp(requested, UTC), grace)
-        obj = await api.nm(name)
-        return ((obj or {}).get("status") or {}).get("phase") == "Succeeded"
+        async def watch() -> None:
+            params = {"watch": "1", "resourceVersion": listing["metadata"]["resourceVersion"]}
+            path = f"/api/v1/namespaces/{namespace}/pods"
+            async with client.stream("GET", path, params=params, timeout=None) as resp:
+                watching.set()
+                async for line in resp.aiter_lines():
+                    meta = json.loads(line)["object"]["metadata"] if line.strip() else {}
+                    if "deletionTimestamp" in meta and meta["name"] not in seen:
+                        grace = int(meta["deletionGracePeriodSeconds"])
+                        requested = ts(meta["deletionTimestamp"]).timestamp() - grace
+                        seen[meta["name"]] = (datetime.fromtimestamp(requested, UTC), grace)
 
-    await wait_for(all_gone, timeout=60, interval=0.1, what="the drain to finish by deletion")
+        watcher = asyncio.create_task(watch())
+        await watching.wait()
+        try:
+            name = await create_nm(api, node, {"timeoutSeconds": 8, "onTimeout": "Delete"})
+
+            async def all_gone() -> bool:
+                obj = await api.nm(name)
+                return ((obj or {}).get("status") or {}).get("phase") == "Succeeded"
+
+            await wait_for(all_gone, timeout=60, what="the drain to finish by deletion")
+
+            async def both_watched() -> bool:
+                return len(seen) == len(graces)
+
+            await wait_for(both_watched, timeout=10, what="both deletions watched")
+        finally:
+            watcher.cancel()
     obj = await api.nm(name)
     assert obj is not None
     deadline = ts(obj["status"]["drainDeadline"])
