@@ -398,3 +398,16 @@ def test_a_read_only_root_filesystem_keeps_the_metrics_certificate_in_shared_mem
     assert made.parent == shm and made.is_dir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert private_dir("nmo-metrics-cert-", fallback=str(shm)).parent == tmp_path
+
+
+def test_status_heartbeat_defaults_to_a_minute_and_takes_seconds() -> None:
+    assert settings_from(parse([])).engine.plan.heartbeat == 60.0
+    assert settings_from(parse(["--status-heartbeat", "10"])).engine.plan.heartbeat == 10.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_bad_status_heartbeat_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--status-heartbeat", value])
+    assert exited.value.code == 2
+    assert "argument --status-heartbeat: " in capsys.readouterr().err

@@ -47,6 +47,16 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nmo", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="minimum seconds between drain status writes per CR",
+    )
+    eng.add_argument(
+        "--status-heartbeat",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="lastUpdate of a Pending or Running CR is never older than this (default 60)",
     )
     eng.add_argument(
         "--drain-timeout",
@@ -405,6 +422,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         budget_namespace=args.budget_namespace,
         plan=PlanSettings(
             status_interval=args.status_interval,
+            heartbeat=args.status_heartbeat,
             drain_timeout=args.drain_timeout,
             on_timeout=OnTimeout(args.drain_on_timeout),
         ),
