@@ -99,7 +99,6 @@ class Reconciler:
         self.settings = settings or planner.PlanSettings()
         self.clock = clock
         self.notifier = notifier
-        self._starting = asyncio.Lock()
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
@@ -149,32 +148,16 @@ class Reconciler:
         observed = await self.observe(nm, record)
         if self._wants_admission(observed):
             assert self.budget is not None
-            # One start at a time: the next CR of the queue is decided on only once
-            # this pass has started this one on its node (lease, node, status), so
-            # maintenances start in creation order on the nodes and in the status too,
-            # whatever wakes the next one meanwhile (a DELETED event, a refresh).
-            waited = self._starting.locked()
-            async with self._starting:
-                if waited:
-                    # Another start went first: decide on what it left behind.
-                    raw = self.maintenances.get(name)
-                    if raw is None or record.forgotten:
-                        self.memories.forget(name)
-                        return DONE
-                    nm = NodeMaintenance.from_api(raw)
-                    observed = await self.observe(nm, record)
-                    if not self._wants_admission(observed):
-                        return await self.apply(
-                            raw, observed, planner.plan(observed, self.settings), record
-                        )
-                observed = replace(observed, admission=await self.budget.admit(nm))
-                if observed.admission is not None and observed.admission.admit:
-                    try:
-                        return await self.apply(
-                            raw, observed, planner.plan(observed, self.settings), record
-                        )
-                    finally:
-                        self.wake_queued()
+            observed = replace(observed, admission=await self.budget.admit(nm))
+            if observed.admission is not None and observed.admission.admit:
+                # Admissions are in creation order (the ledger admits the head of
+                # the queue only); the next head is looked at once this pass is done.
+                try:
+                    return await self.apply(
+                        raw, observed, planner.plan(observed, self.settings), record
+                    )
+                finally:
+                    self.wake_queued()
         plan = planner.plan(observed, self.settings)
         return await self.apply(raw, observed, plan, record)
 
