@@ -97,24 +97,52 @@ async def replicas(
                 CURRENT.remove(op)
 
 
-class NodeWatch:
-    """Every change of every Node, from a watch opened before the test acts."""
+class Watch:
+    """Every change of one collection, from a watch opened before the test acts."""
+
+    path = ""
 
     def __init__(self, client: httpx.AsyncClient, prefix: str) -> None:
         self.client, self.prefix = client, prefix
-        self.tainted: dict[str, bool] = {}
-        self.peak = 0
-        self.changes: list[tuple[float, str, bool]] = []  # (monotonic, node, tainted)
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        listing = (await self.client.get("/api/v1/nodes")).json()
+        listing = (await self.client.get(self.path)).json()
         for item in listing["items"]:
             self._see(item)
-        rv = listing["metadata"]["resourceVersion"]
         ready = asyncio.Event()
-        self.task = asyncio.create_task(self._run(rv, ready))
+        self.task = asyncio.create_task(self._run(listing["metadata"]["resourceVersion"], ready))
         await ready.wait()
+
+    def _see(self, obj: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _run(self, rv: str, ready: asyncio.Event) -> None:
+        params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "false"}
+        async with self.client.stream("GET", self.path, params=params, timeout=None) as resp:
+            assert resp.status_code == 200
+            ready.set()
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    event = json.loads(line)
+                    assert event["type"] != "ERROR", event
+                    self._see(event["object"])
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class NodeWatch(Watch):
+    """Which nodes carry nmo's maintenance taint, and the most at once."""
+
+    path = "/api/v1/nodes"
+
+    def __init__(self, client: httpx.AsyncClient, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self.tainted: dict[str, bool] = {}
+        self.peak = 0
+        self.changes: list[tuple[float, str, bool]] = []  # (monotonic, node, tainted)
 
     def _see(self, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
@@ -126,23 +154,8 @@ class NodeWatch:
         self.tainted[name] = now
         self.peak = max(self.peak, sum(self.tainted.values()))
 
-    async def _run(self, rv: str, ready: asyncio.Event) -> None:
-        params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "false"}
-        async with self.client.stream("GET", "/api/v1/nodes", params=params, timeout=None) as resp:
-            assert resp.status_code == 200
-            ready.set()
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    event = json.loads(line)
-                    assert event["type"] != "ERROR", event
-                    self._see(event["object"])
 
-    def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-
-
-class LedgerWatch:
+class LedgerWatch(Watch):
     """The order in which CRs entered the budget ledger, from a watch on its Lease.
 
     Admission is what "start" means for the queue: every admission is one
@@ -150,21 +163,11 @@ class LedgerWatch:
     (What follows on the node and in the status is per CR and may overtake.)
     """
 
-    def __init__(self, client: httpx.AsyncClient, prefix: str) -> None:
-        self.client, self.prefix = client, prefix
-        self.admitted: list[str] = []
-        self.task: asyncio.Task[None] | None = None
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{LEADER_NS}/leases"
 
-    async def start(self) -> None:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{LEADER_NS}/leases"
-        listing = (await self.client.get(path)).json()
-        for item in listing["items"]:
-            self._see(item)
-        ready = asyncio.Event()
-        self.task = asyncio.create_task(
-            self._run(path, listing["metadata"]["resourceVersion"], ready)
-        )
-        await ready.wait()
+    def __init__(self, client: httpx.AsyncClient, prefix: str) -> None:
+        super().__init__(client, prefix)
+        self.admitted: list[str] = []
 
     def _see(self, lease: dict[str, Any]) -> None:
         if lease["metadata"]["name"] != LEDGER_NAME:
@@ -173,21 +176,6 @@ class LedgerWatch:
         for name in sorted(json.loads(raw)):
             if name.startswith(self.prefix) and name not in self.admitted:
                 self.admitted.append(name)
-
-    async def _run(self, path: str, rv: str, ready: asyncio.Event) -> None:
-        params = {"watch": "1", "resourceVersion": rv}
-        async with self.client.stream("GET", path, params=params, timeout=None) as resp:
-            assert resp.status_code == 200
-            ready.set()
-            async for line in resp.aiter_lines():
-                if line.strip():
-                    event = json.loads(line)
-                    assert event["type"] != "ERROR", event
-                    self._see(event["object"])
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
 
 
 def cr(name: str, node: str) -> dict[str, Any]:
