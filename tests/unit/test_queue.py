@@ -31,6 +31,32 @@ async def test_add_after_keeps_earliest() -> None:
     assert await asyncio.wait_for(q.get(), 5) == "a"
 
 
+async def test_a_pass_supersedes_the_pending_timer() -> None:
+    """A debounce timer set before a pass began does not cause another pass:
+    the pass already read what the timer was set for."""
+    q = WorkQueue()
+    q.add_after("a", 0.05)  # e.g. a pod event, debounced
+    q.add("a")  # e.g. the pod is gone: a pass at once
+    assert await q.get() == "a"
+    assert q.scheduled == 0  # the timer is cancelled: it cannot fire after the pass
+    q.done("a")
+    assert len(q) == 0
+    q.add_after("a", 0.05)  # a timer set after the pass began is kept
+    assert await asyncio.wait_for(q.get(), 5) == "a"
+    q.done("a")
+    await q.shutdown()
+
+
+async def test_a_timer_set_during_a_pass_is_kept() -> None:
+    q = WorkQueue()
+    q.add("a")
+    assert await q.get() == "a"
+    q.add_after("a", 0.01)  # a pod event while the pass runs
+    q.done("a")
+    assert await asyncio.wait_for(q.get(), 5) == "a"
+    await q.shutdown()
+
+
 async def test_backoff_grows_and_forget_resets() -> None:
     q = WorkQueue(base_delay=1, max_delay=8)
     delays = [q.backoff("k") for _ in range(5)]

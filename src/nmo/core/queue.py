@@ -5,7 +5,10 @@ Guarantees:
 - a key is never handed to two workers at once: adding a key that is being
   processed marks it dirty, and it is queued again when ``done`` is called;
 - ``add_after`` delays a key without holding any worker (one timer per key,
-  the earliest wins);
+  the earliest wins); a pass that starts supersedes the key's pending timer
+  (the pass reads everything the timer was set for and asks for its own
+  requeue), so a drain that finished is not looked at again by a stale
+  debounce or retry timer;
 - ``backoff`` gives per-key capped exponential delays, ``forget`` resets them.
 
 Once :meth:`instrument` is called, the queue serves client-go's ``workqueue_*``
@@ -69,6 +72,11 @@ class WorkQueue:
 
     def __len__(self) -> int:
         return len(self._queued)
+
+    @property
+    def scheduled(self) -> int:
+        """Keys with a pending ``add_after`` timer."""
+        return len(self._timers)
 
     @property
     def processing(self) -> int:
@@ -139,6 +147,9 @@ class WorkQueue:
                 continue
             self._queued.discard(key)
             self._processing.add(key)
+            pending = self._timers.pop(key, None)
+            if pending is not None:
+                pending[1].cancel()  # this pass supersedes it
             if self._metrics is not None:
                 now = self._clock()
                 self._started[key] = now
