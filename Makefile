@@ -15,11 +15,11 @@ IMAGE ?=
 
 all: test
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml sandbox/pyproject.toml requirements.lock
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11" >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[dev]' -e ./sandbox
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -39,8 +39,8 @@ bundle: $(STAMP) sandbox-bin bundle-validator
 	"$$($(BUNDLE_VALIDATE) --print-path)" $(OLM_OUT)/bundle
 
 lint: $(STAMP) lint-containerfile
-	$(BIN)/ruff check src tests benchmarks hack
-	$(BIN)/ruff format --check src tests benchmarks hack
+	$(BIN)/ruff check src sandbox tests benchmarks hack
+	$(BIN)/ruff format --check src sandbox tests benchmarks hack
 
 .PHONY: lint-containerfile
 lint-containerfile: $(STAMP)
@@ -71,7 +71,7 @@ test: $(STAMP) sandbox-bin bundle-validator lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider
 
 demo: $(STAMP) sandbox-bin
-	$(BIN)/nmo demo
+	$(BIN)/nmo-sandbox demo
 
 bench: $(STAMP) sandbox-bin
 	$(BIN)/python benchmarks/drain_bench.py

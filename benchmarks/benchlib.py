@@ -48,9 +48,9 @@ from procstats import cpu_seconds, free_port, rss_mib
 import nmo
 from nmo.api import constants as c
 from nmo.api.crd import crd
-from nmo.sandbox import Sandbox
-from nmo.sandbox.manifests import deployment, pod_spec
-from nmo.sandbox.nodes import node_is_ready, node_manifest
+from nmo_sandbox import Sandbox
+from nmo_sandbox.manifests import deployment, pod_spec
+from nmo_sandbox.nodes import node_is_ready, node_manifest
 
 NM = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{c.LEASE_NAMESPACE_DEFAULT}/leases"

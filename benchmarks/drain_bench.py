@@ -9,7 +9,7 @@ Scenarios (``--scenarios``, default all):
 For each scenario and each tool (``--tools``, in that order; default
 ceiling, nmo, kubectl) the benchmark creates a fresh, identical kwok node,
 puts the scenario's Deployment pods on it (1 s grace period, see
-``nmo.sandbox.manifests``), waits until they are Ready (and the PDB's status
+``nmo_sandbox.manifests``), waits until they are Ready (and the PDB's status
 is computed), lets replacements go to the shared spare nodes only, then
 drains it with that tool alone:
 
@@ -64,7 +64,7 @@ from benchlib import (
     run_drain,
 )
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 SCENARIOS = {
     "p100": Scenario("p100", 100),

@@ -91,7 +91,7 @@ from ceiling import (
 )
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 BULK_NS = "bulk"
 BULK_LABEL = "bench-bulk"

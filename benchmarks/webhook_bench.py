@@ -53,7 +53,7 @@ from procstats import free_port, rss_mib
 
 from nmo.api import constants as c
 from nmo.api.crd import crd
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 NM = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 NODE = "bench-webhook-node"

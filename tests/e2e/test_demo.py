@@ -1,4 +1,4 @@
-"""End to end: ``nmo demo`` is the README's main-job command and must pass.
+"""End to end: ``nmo-sandbox demo`` is the README's main-job command and must pass.
 
 It starts its own sandbox, installs the Helm chart, runs nmo as the chart's
 ServiceAccount, shows the webhook refusing a bad CR, drains a node behind a
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_make_demo_story_passes() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "nmo", "demo"],
+        [sys.executable, "-m", "nmo_sandbox.cli", "demo"],
         capture_output=True,
         text=True,
         timeout=300,

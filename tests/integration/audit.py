@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 NMO_AGENT = "nmo/"  # nmo's User-Agent is nmo/<version> (nmo.core.kube.USER_AGENT)
 MARKER_AGENT = "nmo-tests-audit-marker"

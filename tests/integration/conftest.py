@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 import pytest
 
-from nmo.sandbox import MissingBinariesError, Sandbox, find_binaries
+from nmo_sandbox import MissingBinariesError, Sandbox, find_binaries
 
 SANDBOX_NODES = 3
 

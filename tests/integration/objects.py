@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from operator_fixtures import wait_for
 
-from nmo.sandbox import manifests
+from nmo_sandbox import manifests
 
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 T = TypeVar("T")
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"

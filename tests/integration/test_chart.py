@@ -43,8 +43,8 @@ from nmo.api import constants as c
 from nmo.api.constants import Messages
 from nmo.core.budget import LEDGER_NAME
 from nmo.core.maintenance import node as nodeplan
-from nmo.sandbox import Sandbox
-from nmo.sandbox.process import run_command
+from nmo_sandbox import Sandbox
+from nmo_sandbox.process import run_command
 
 if TYPE_CHECKING:
     from conftest import NodeFactory

@@ -23,7 +23,7 @@ from objects import NM, Api, pdb, uid
 from operator_fixtures import Operator, wait_for
 from workloads import bare_pod, running
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

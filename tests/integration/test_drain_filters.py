@@ -22,7 +22,7 @@ from audit import AuditWindow, nmo_events
 from objects import NM, Api, deployment, pod_spec, uid
 from operator_fixtures import Operator, wait_for
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from operator_fixtures import Operator, wait_for
 from nmo.api import constants as c
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

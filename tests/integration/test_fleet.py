@@ -26,7 +26,7 @@ from operator_fixtures import CURRENT, Operator, probe_synced, wait_for, wait_un
 
 from nmo.core.budget import ANNOTATION as LEDGER_ANNOTATION
 from nmo.core.budget import LEDGER_NAME
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]
 

@@ -61,10 +61,10 @@ from operator_fixtures import (
 )
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
-from nmo.sandbox.kwok_api import API_VERSION as KWOK_API
-from nmo.sandbox.kwok_api import POD_ROOT_ENV, cri_log_line
-from nmo.sandbox.process import run_command
+from nmo_sandbox import Sandbox
+from nmo_sandbox.kwok_api import API_VERSION as KWOK_API
+from nmo_sandbox.kwok_api import POD_ROOT_ENV, cri_log_line
+from nmo_sandbox.process import run_command
 
 if TYPE_CHECKING:
     from conftest import NodeFactory

@@ -29,8 +29,8 @@ from webhook_replica import WebhookReplica
 from workloads import bare_pod, running
 
 from nmo.api.constants import GROUP, PLURAL, WEBHOOK_NAME, Messages
-from nmo.sandbox import Sandbox
-from nmo.sandbox.pki import ServingCert
+from nmo_sandbox import Sandbox
+from nmo_sandbox.pki import ServingCert
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,8 @@ from test_webhook import webhook  # noqa: F401 - the module fixture, used by nam
 from workloads import bare_pod, running
 
 from nmo.api.constants import DRAIN_TAINT_KEY, WEBHOOK_NAME, Messages
-from nmo.sandbox import Sandbox, find_binaries
-from nmo.sandbox.process import run_command
+from nmo_sandbox import Sandbox, find_binaries
+from nmo_sandbox.process import run_command
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from operator_fixtures import wait_for
 from test_process import leader_args, procs  # noqa: F401  (the fixture)
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

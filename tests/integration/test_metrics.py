@@ -28,7 +28,7 @@ from test_maintenance import reconciled_again
 from test_process import leader_args, procs  # noqa: F401  (the fixture)
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

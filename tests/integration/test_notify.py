@@ -27,7 +27,7 @@ from operator_fixtures import CURRENT, Operator, free_port, others_stopped, wait
 from test_drain_control import blocked_node, create_nm, drained, remove_nm, wait_phase
 
 from nmo import __version__
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nmo.sandbox import Sandbox
-from nmo.sandbox.binaries import find_binaries
+from nmo_sandbox import Sandbox
+from nmo_sandbox.binaries import find_binaries
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from operator_fixtures import CURRENT, Operator, wait_for
 from nmo.core.errors import Conflict
 from nmo.core.kube import Kube
 from nmo.ops import cleanup as cl
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

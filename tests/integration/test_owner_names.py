@@ -19,7 +19,7 @@ from audit import AuditWindow, nmo_events, show
 from objects import NM, Api, pod_spec, uid
 from operator_fixtures import Operator, wait_for
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from operator_fixtures import wait_for
 from test_webhook import webhook  # noqa: F401 - the module fixture, used by name
 from workloads import bare_pod, running
 
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from objects import NM, Api, pod_spec, uid
 from operator_fixtures import Operator, wait_for
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

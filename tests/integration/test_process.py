@@ -29,7 +29,7 @@ from operator_fixtures import Operator, free_port, probe_leading, probe_synced, 
 from prometheus_client.parser import text_string_to_metric_families
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

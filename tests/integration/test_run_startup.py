@@ -42,7 +42,7 @@ from objects import NM, Api, uid
 from operator_fixtures import Operator, free_port, get_local, wait_for
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from operator_fixtures import wait_for as until
 
-from nmo.sandbox import Sandbox, manifests
+from nmo_sandbox import Sandbox, manifests
 
 if TYPE_CHECKING:
     from conftest import NodeFactory

@@ -27,7 +27,7 @@ from objects import LEASES, NM, Api, deployment, pdb, pod_spec, uid
 from operator_fixtures import CURRENT, Operator, wait_for
 
 from nmo.api.constants import PLURAL
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from objects import NM, Api, uid
 from operator_fixtures import Operator, wait_for
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.usefixtures("operator")
 

@@ -31,9 +31,9 @@ from nmo.api.constants import (
 from nmo.api.crd import crd
 from nmo.core.kube import Kube
 from nmo.core.watch import Informer
-from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
 from nmo.webhooks.validators import validate_create
+from nmo_sandbox import Sandbox
 
 if TYPE_CHECKING:
     from pathlib import Path

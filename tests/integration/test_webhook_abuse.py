@@ -41,8 +41,8 @@ from operator_fixtures import wait_for as until
 
 from nmo.api import constants as c
 from nmo.api.crd import crd
-from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH
+from nmo_sandbox import Sandbox
 
 if TYPE_CHECKING:
     from conftest import NodeFactory

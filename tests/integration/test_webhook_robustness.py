@@ -49,10 +49,10 @@ from nmo.api.crd import crd
 from nmo.core.kube import Kube
 from nmo.core.metrics import Metrics
 from nmo.core.watch import Informer
-from nmo.sandbox import Sandbox
 from nmo.webhooks.intake import MAX_BODY_BYTES
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, build_lookups
 from nmo.webhooks.servers import Servers, ServerSettings
+from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 

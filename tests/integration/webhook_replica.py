@@ -13,9 +13,9 @@ from nmo.api.constants import WEBHOOK_PATH
 from nmo.core.kube import Kube
 from nmo.core.metrics import Metrics
 from nmo.core.watch import Informer
-from nmo.sandbox import Sandbox
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
 from nmo.webhooks.servers import Servers, ServerSettings
+from nmo_sandbox import Sandbox
 
 
 @dataclass

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nmo.core.metrics import Metrics
-from nmo.sandbox.binaries import find_binaries
+from nmo_sandbox.binaries import find_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "node-maintenance-operator"

@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from nmo.api import constants as c
-from nmo.sandbox.binaries import find_binaries
+from nmo_sandbox.binaries import find_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "node-maintenance-operator"

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from nmo.sandbox.pki import PKI, generate_pki, issue_serving_cert
+from nmo_sandbox.pki import PKI, generate_pki, issue_serving_cert
 
 
 @pytest.fixture(scope="module")

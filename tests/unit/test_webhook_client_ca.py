@@ -14,8 +14,8 @@ from test_tls_reload import running, settings  # noqa: F401
 
 from nmo.api.constants import WEBHOOK_PATH
 from nmo.cli import build_parser, settings_from
-from nmo.sandbox.pki import generate_pki, issue_serving_cert
 from nmo.webhooks.servers import Servers, ServerSettings
+from nmo_sandbox.pki import generate_pki, issue_serving_cert
 
 __all__ = ["helm_env"]  # the fixture, shared
 

@@ -1,4 +1,7 @@
-"""The ``nmo`` command: ``run``, ``sandbox``, ``demo``, ``crd``, ``version``.
+"""The ``nmo`` command: run, gather, cleanup, status, plan, crd and version.
+
+The sandbox and the demo are development tooling: ``nmo-sandbox`` (the
+``nmo-sandbox`` distribution in ``sandbox/``), never part of the image.
 
 The CLI is the only place that wires things together: it builds the
 settings from flags and environment, creates the API client, the metrics
@@ -271,21 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ENCODING",
         help="ts of JSON logs: epoch, millis, nanos, iso8601, rfc3339 or rfc3339nano",
     )
-
-    sb = sub.add_parser("sandbox", help="a real local control plane (etcd, apiserver, kwok...)")
-    sbs = sb.add_subparsers(dest="sandbox_command", required=True)
-    up = sbs.add_parser("up", help="start the sandbox in DIR")
-    up.add_argument("--dir", required=True)
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--timeout", type=float, default=180.0)
-    down = sbs.add_parser("down", help="stop the sandbox in DIR and remove its state")
-    down.add_argument("--dir", required=True)
-    env = sbs.add_parser("env", help="print shell exports for eval")
-    env.add_argument("--dir", required=True)
-
-    demo = sub.add_parser("demo", help="the maintenance story on a local sandbox")
-    demo.add_argument("--dir", default=None, help="sandbox dir (default: a temporary one)")
-    demo.add_argument("--keep", action="store_true", help="leave the sandbox running")
 
     sub.add_parser("crd", help="print the NodeMaintenance CRD as YAML")
     sub.add_parser("version", help="print the version")
@@ -563,19 +551,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_error(str(exc))
         logsetup.setup(logs.level, logs.fmt, time_encoding=logs.time_encoding)
         return asyncio.run(run(args))
-    if args.command == "sandbox":
-        from nmo.cli import sandbox
-
-        return sandbox.main(args)
     if args.command in ("gather", "cleanup", "status", "plan"):
         from nmo.cli import ops as ops_cli
 
         return ops_cli.main(args)
-    if args.command == "demo":
-        from nmo.cli.demo import main as demo_main
-
-        logsetup.setup("warning", "text")
-        return asyncio.run(demo_main(Path(args.dir) if args.dir else None, keep=args.keep))
     return 2
 
 

@@ -3,14 +3,14 @@
 Pure data: the directory layout of a sandbox, the ports it uses, the command
 line of every component and the files they read (kubeconfig, audit policy,
 kwok stages). Nothing here starts a process, so the flags can be read and
-tested on their own; :mod:`nmo.sandbox.cluster` runs them.
+tested on their own; :mod:`nmo_sandbox.cluster` runs them.
 
 The flags follow controller-runtime's envtest and kwokctl's binary runtime,
 trimmed to one machine: everything binds to 127.0.0.1, one throw-away CA,
 admin client-certificate auth for every component, no leader election.
 
 kwok also plays the kubelet of every node for ``kubectl logs`` and ``kubectl
-exec`` (see :mod:`nmo.sandbox.kwok_api`): it serves the kubelet API on
+exec`` (see :mod:`nmo_sandbox.kwok_api`): it serves the kubelet API on
 ``127.0.0.1:<ports.kwok>`` with the apiserver's 127.0.0.1 certificate, and
 gives every node that address (``--node-ip``) and port (``--node-port``,
 written to ``status.daemonEndpoints``). The apiserver dials a node's
@@ -26,9 +26,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from nmo.sandbox.binaries import Binaries
-from nmo.sandbox.kwok_api import KINDS as KWOK_KINDS
-from nmo.sandbox.pki import PKI
+from nmo_sandbox.binaries import Binaries
+from nmo_sandbox.kwok_api import KINDS as KWOK_KINDS
+from nmo_sandbox.pki import PKI
 
 __all__ = [
     "COMPONENTS",

@@ -1,4 +1,4 @@
-"""``nmo demo``: the whole maintenance story on a local sandbox.
+"""``nmo-sandbox demo``: the whole maintenance story on a local sandbox.
 
 It brings up the sandbox (real etcd, kube-apiserver, controllers, kwok
 nodes), installs the CRD and the validating webhook, starts ``nmo run``,
@@ -30,8 +30,8 @@ from rich.table import Table
 from rich.text import Text
 
 from nmo.api import constants as c
-from nmo.sandbox import Sandbox, SandboxError
-from nmo.sandbox.manifests import deployment, pod_spec, prefer_node
+from nmo_sandbox import Sandbox, SandboxError
+from nmo_sandbox.manifests import deployment, pod_spec, prefer_node
 
 T = TypeVar("T")
 NM_PATH = f"/apis/{c.API_VERSION}/{c.PLURAL}"

@@ -109,7 +109,7 @@ def cri_log_line(line: str, *, stream: str = "stdout", now: dt.datetime | None =
 
 _SHIM = """\
 #!/bin/sh
-# nmo sandbox: kwok runs `kubectl exec` commands on this machine. With
+# nmo-sandbox: kwok runs `kubectl exec` commands on this machine. With
 # ${env} set, absolute path arguments are taken relative to it, like in
 # the pod's own filesystem (see nmo/sandbox/kwok_api.py).
 PATH=${{PATH#"{dir}:"}}

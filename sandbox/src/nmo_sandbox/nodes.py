@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nmo.sandbox.components import KWOK_NODE_ANNOTATION
+from nmo_sandbox.components import KWOK_NODE_ANNOTATION
 
 __all__ = ["NODE_CAPACITY", "node_is_ready", "node_manifest"]
 

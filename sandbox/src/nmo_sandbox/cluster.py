@@ -37,8 +37,8 @@ from typing import Any
 
 import httpx
 
-from nmo.sandbox.binaries import Binaries, find_binaries
-from nmo.sandbox.components import (
+from nmo_sandbox.binaries import Binaries, find_binaries
+from nmo_sandbox.components import (
     COMPONENTS,
     Layout,
     Ports,
@@ -48,18 +48,18 @@ from nmo.sandbox.components import (
     token_kubeconfig_yaml,
     write_audit_policy,
 )
-from nmo.sandbox.errors import (
+from nmo_sandbox.errors import (
     ComponentError,
     MissingBinariesError,
     SandboxAlreadyRunningError,
     SandboxError,
     SandboxNotRunningError,
 )
-from nmo.sandbox.kwok_api import crds as kwok_crds
-from nmo.sandbox.kwok_api import write_exec_shims
-from nmo.sandbox.nodes import node_is_ready, node_manifest
-from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
-from nmo.sandbox.process import (
+from nmo_sandbox.kwok_api import crds as kwok_crds
+from nmo_sandbox.kwok_api import write_exec_shims
+from nmo_sandbox.nodes import node_is_ready, node_manifest
+from nmo_sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
+from nmo_sandbox.process import (
     ProcessRef,
     free_ports,
     kill_groups,
@@ -68,7 +68,7 @@ from nmo.sandbox.process import (
     run_command,
     spawn,
 )
-from nmo.sandbox.state import (
+from nmo_sandbox.state import (
     kill_in_order,
     process_refs,
     read_state,

@@ -8,21 +8,21 @@ Public surface (everything else in this package is an implementation detail)::
 
     up(dir, nodes) / down(dir) / env(dir)        # synchronous, for the CLI
 
-The binaries come from ``make sandbox-bin`` (see :mod:`nmo.sandbox.binaries`).
+The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`).
 This package never imports kr8s: it is the cluster nmo is tested against, not
 a client of nmo's boundary.
 """
 
-from nmo.sandbox.binaries import Binaries, find_binaries
-from nmo.sandbox.cluster import Sandbox, down, env, up
-from nmo.sandbox.errors import (
+from nmo_sandbox.binaries import Binaries, find_binaries
+from nmo_sandbox.cluster import Sandbox, down, env, up
+from nmo_sandbox.errors import (
     ComponentError,
     MissingBinariesError,
     SandboxAlreadyRunningError,
     SandboxError,
     SandboxNotRunningError,
 )
-from nmo.sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
+from nmo_sandbox.pki import PKI, ServingCert, generate_pki, issue_serving_cert
 
 __all__ = [
     "PKI",

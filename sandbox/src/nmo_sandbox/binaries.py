@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmo.sandbox.errors import MissingBinariesError
+from nmo_sandbox.errors import MissingBinariesError
 
 __all__ = [
     "BINARIES",

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
 
-from nmo.sandbox.components import COMPONENTS, Layout
-from nmo.sandbox.errors import SandboxAlreadyRunningError, SandboxError, SandboxNotRunningError
-from nmo.sandbox.process import ProcessRef, kill_groups
+from nmo_sandbox.components import COMPONENTS, Layout
+from nmo_sandbox.errors import SandboxAlreadyRunningError, SandboxError, SandboxNotRunningError
+from nmo_sandbox.process import ProcessRef, kill_groups
 
 __all__ = [
     "STATE_VERSION",
@@ -99,5 +99,5 @@ def refuse_if_running(layout: Layout) -> None:
         pids = ", ".join(f"{n} pid {p}" for n, p in running.items())
         raise SandboxAlreadyRunningError(
             f"a sandbox is already running in {layout.dir} ({pids}, server "
-            f"{state.get('server')}); stop it first with `nmo sandbox down --dir {layout.dir}`"
+            f"{state.get('server')}); stop it first with `nmo-sandbox down --dir {layout.dir}`"
         )

@@ -1,0 +1,72 @@
+"""``nmo-sandbox up|env|down|demo``: the local real control plane from the shell.
+
+Development tooling, installed by ``make venv`` beside nmo (the image and the
+nmo wheel hold the operator only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from nmo.core import logsetup
+from nmo_sandbox import cluster
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nmo-sandbox",
+        description="a real local Kubernetes control plane for nmo's tests and demo",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the sandbox in DIR")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--nodes", type=int, default=3, help="kwok nodes node-1..node-N")
+    up.add_argument("--timeout", type=float, default=180.0)
+    down = sub.add_parser("down", help="stop the sandbox in DIR and remove its state")
+    down.add_argument("--dir", required=True)
+    env = sub.add_parser("env", help="print shell exports for eval")
+    env.add_argument("--dir", required=True)
+    demo = sub.add_parser("demo", help="the maintenance story on a local sandbox")
+    demo.add_argument("--dir", default=None, help="sandbox dir (default: a temporary one)")
+    demo.add_argument("--keep", action="store_true", help="leave the sandbox running")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from nmo_sandbox.demo import main as demo_main
+
+        logsetup.setup("warning", "text")
+        return asyncio.run(demo_main(Path(args.dir) if args.dir else None, keep=args.keep))
+    directory = Path(args.dir).resolve()
+    try:
+        if args.command == "up":
+            started = time.monotonic()
+            sb = cluster.up(directory, nodes=args.nodes, timeout=args.timeout)
+            print(
+                f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.server}\n"
+                f"  kubeconfig: {sb.kubeconfig}\n  logs: {directory / 'logs'}\n"
+                f'  use it:  eval "$(nmo-sandbox env --dir {args.dir})"\n'
+                f"  stop it: nmo-sandbox down --dir {args.dir}"
+            )
+            return 0
+        if args.command == "down":
+            cluster.down(directory)
+            print(f"sandbox in {directory} stopped and removed")
+            return 0
+        if args.command == "env":
+            print(cluster.env(directory))
+            return 0
+    except cluster.SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
