@@ -43,14 +43,12 @@ from cryptography import x509
 from nmo.api import constants as c
 from nmo_sandbox import MissingBinariesError, Sandbox, SandboxError, find_binaries
 from nmo_sandbox.process import run_command
+from nmo_sandbox.release import CHART, RELEASE, ensure_image, install_args
 
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "node-maintenance-operator"
-IMAGE_SCRIPT = ROOT / "hack" / "image.sh"
-RELEASE = "nmo"
 NS = c.OPERATOR_NAMESPACE
 PREFIX = "node-maintenance-operator"
 DEPLOYMENT = f"{PREFIX}-controller-manager"
@@ -233,39 +231,6 @@ class AdmissionLoop:
 # -- prerequisites and the install ------------------------------------------------
 
 
-async def build_image() -> str:
-    """``hack/image.sh`` (what ``make image`` runs): builds or reuses the image, prints its ref."""
-    if not IMAGE_SCRIPT.exists():
-        pytest.fail(f"{IMAGE_SCRIPT.relative_to(ROOT)} is missing: the image cannot be built")
-    built = await run_command([str(IMAGE_SCRIPT)], cwd=ROOT, timeout=1800)
-    if built.returncode != 0:
-        pytest.fail(
-            f"make image failed (exit {built.returncode}): "
-            f"{(built.stderr or built.stdout)[-1500:]}",
-            pytrace=False,
-        )
-    ref = await run_command([str(IMAGE_SCRIPT), "--print-ref"], cwd=ROOT, timeout=60)
-    if ref.returncode != 0 or not ref.stdout.strip():
-        pytest.fail(f"hack/image.sh --print-ref failed: {ref.stderr.strip()}", pytrace=False)
-    return ref.stdout.strip().splitlines()[-1]
-
-
-def helm_image_args(ref: str) -> list[str]:
-    repository, _, tag = ref.rpartition(":")
-    return [
-        "--set", f"image.repository={repository}",
-        "--set", f"image.tag={tag}",
-        "--set", "image.pullPolicy=Never",
-    ]  # fmt: skip
-
-
-def placement_args() -> list[str]:
-    """What the sandbox forces: the replicas go to the real nodes only."""
-    if REAL_NODES == 1:
-        return ["--set-string", "deployment.nodeSelector.kubernetes\\.io/hostname=real-1"]
-    return ["--set-string", "deployment.nodeSelector.type=real"]
-
-
 @pytest.fixture(scope="module")
 async def release(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Release]:
     try:
@@ -274,7 +239,11 @@ async def release(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rel
         pytest.fail(str(exc), pytrace=False)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    ref = await build_image()
+    try:
+        image = await ensure_image()
+    except SandboxError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    ref = image.ref
     timings["image"] = time.monotonic() - t0
     directory = tmp_path_factory.mktemp("in-cluster")
     sandbox = Sandbox(
@@ -307,9 +276,8 @@ async def release(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rel
             rel = Release(sandbox, api, env, timings)
             t3 = time.monotonic()
             installed = await sandbox.helm(
-                "install", RELEASE, str(CHART), "-n", NS, "--create-namespace",
-                *helm_image_args(ref), *placement_args(), "--wait", "--timeout", "180s",
-            )  # fmt: skip
+                "install", *install_args(ref, REAL_NODES), "--wait", "--timeout", "180s"
+            )
             if installed.returncode != 0:
                 pods = await sandbox.kubectl("get", "pods", "-A", "-o", "wide")
                 described = await sandbox.kubectl("describe", "pods", "-n", NS)

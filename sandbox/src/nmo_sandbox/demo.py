@@ -1,21 +1,22 @@
 """``nmo-sandbox demo``: the whole maintenance story on a local sandbox.
 
-It brings up the sandbox (real etcd, kube-apiserver, controllers, kwok
-nodes), installs the CRD and the validating webhook, starts ``nmo run``,
-deploys workloads (one protected by a PodDisruptionBudget), shows the
-webhook refusing a bad CR, puts a node into maintenance with a live progress
-view, takes it out again and tears everything down. Every step is checked:
+It builds (or reuses) the operator image, brings up the sandbox (real etcd,
+kube-apiserver, controllers, kwok nodes, one real kubelet node and
+cert-manager), loads the image into the real node's containerd and installs
+the Helm chart in-cluster as a user does (cert-manager issues the webhook
+certificate; the two replicas run on the real node), deploys workloads on a
+kwok node (one protected by a PodDisruptionBudget), shows the webhook
+refusing a bad CR through its Service, puts the node into maintenance with a
+live progress view, takes it out again, uninstalls the chart and tears
+everything down. Every step is checked:
 the command exits 0 only when every step behaved.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import socket
-import subprocess
-import sys
+import inspect
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,22 +33,18 @@ from rich.text import Text
 from nmo.api import constants as c
 from nmo_sandbox import Sandbox, SandboxError
 from nmo_sandbox.manifests import deployment, pod_spec, prefer_node
+from nmo_sandbox.release import RELEASE, ensure_image, install_args
 
 T = TypeVar("T")
 NM_PATH = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 NODE = "node-1"
-CHART = Path(__file__).resolve().parents[3] / "charts" / "node-maintenance-operator"
+REAL_NODES = 1
+REAL_NODE = "real-1"
 console = Console(highlight=False, width=130)
 
 
 class DemoFailed(Exception):
     """A step did not behave; the message says which and why."""
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def step(title: str) -> None:
@@ -79,7 +76,9 @@ async def expect(resp: httpx.Response, *codes: int) -> dict[str, Any]:
 
 def workloads() -> list[tuple[str, dict[str, Any]]]:
     def deploy(name: str, replicas: int) -> dict[str, Any]:
-        return deployment(name, replicas, pod_spec(grace=4, affinity=prefer_node(NODE)))
+        # kwok nodes only: their pods are simulated (the real node would try to run them).
+        spec = pod_spec(grace=4, node_selector={"type": "kwok"}, affinity=prefer_node(NODE))
+        return deployment(name, replicas, spec)
 
     pdb = {
         "apiVersion": "policy/v1",
@@ -100,8 +99,6 @@ class Demo:
         self.sb = sandbox
         self.http = http
         self.workdir = workdir
-        self.nmo: subprocess.Popen[bytes] | None = None
-        self.nmo_log = workdir / "nmo.log"
 
     async def kubectl(self, *args: str, show: bool = True, expect_ok: bool = True) -> str:
         result = await self.sb.kubectl(*args)
@@ -113,77 +110,85 @@ class Demo:
             raise DemoFailed(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout + result.stderr
 
-    async def install(self) -> None:
-        step("Install the Helm chart (webhook.url mode) and run nmo as the chart's ServiceAccount")
-        certs = self.workdir / "certs"
-        serving = self.sb.issue_serving_cert(certs, ["127.0.0.1", "localhost"])
-        cert_dir = self.workdir / "cert-dir"
-        cert_dir.mkdir()
-        (cert_dir / "tls.crt").write_bytes(serving.cert_file.read_bytes())
-        (cert_dir / "tls.key").write_bytes(serving.key_file.read_bytes())
-        port, probes = _port(), _port()
-        url = f"https://127.0.0.1:{port}{c.WEBHOOK_PATH}"
-        result = await self.sb.helm(
-            "install", "nmo", str(CHART), "-n", c.OPERATOR_NAMESPACE, "--create-namespace",
-            "--set", "deployment.enabled=false", "--set", f"webhook.url={url}",
-            "--set", f"webhook.caBundle={base64.b64encode(serving.ca_bundle).decode()}",
-            "--wait", "--timeout", "60s",
-        )  # fmt: skip
-        console.print(f"    [dim]$ helm install nmo {CHART.name} -n {c.OPERATOR_NAMESPACE} ...[/]")
+    async def install(self, image: str) -> None:
+        step(f"Install the Helm chart in-cluster: image {image} on {REAL_NODE}, cert-manager TLS")
+        args = install_args(image, REAL_NODES)
+        started = time.monotonic()
+        result = await self.sb.helm("install", *args, "--wait", "--timeout", "180s")
+        console.print(f"    [dim]$ helm install {' '.join(args[:5])} --set image.* ...[/]")
         if result.returncode != 0:
-            raise DemoFailed(f"helm install failed: {result.stderr.strip()}")
-        ok("chart installed: CRD, ServiceAccount, RBAC, ValidatingWebhookConfiguration")
+            pods = await self.sb.kubectl("get", "pods", "-A", "-o", "wide")
+            raise DemoFailed(f"helm install failed: {result.stderr.strip()}\n{pods.stdout}")
 
-        async def served() -> bool:
-            return (await self.http.get(NM_PATH)).status_code == 200
+        async def ready() -> list[dict[str, Any]] | None:
+            pods = await self._operator_pods()
+            ready = [p for p in pods if _pod_ready(p)]
+            return ready if len(ready) == len(pods) == 2 else None
 
-        await until(served, 30, "the CRD to be served")
-        kubeconfig = await self.sb.service_account_kubeconfig(
-            c.OPERATOR_NAMESPACE, c.OPERATOR_SERVICE_ACCOUNT, self.workdir / "sa.kubeconfig"
-        )
-        can_i = await self.kubectl(
-            "auth", "can-i", "update", "leases", "-n", c.LEASE_NAMESPACE_DEFAULT,
-            f"--as=system:serviceaccount:{c.OPERATOR_NAMESPACE}:{c.OPERATOR_SERVICE_ACCOUNT}",
-        )  # fmt: skip
-        if can_i.strip() != "yes":
-            raise DemoFailed("the chart's ServiceAccount may not update leases")
-        args = [
-            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(kubeconfig),
-            "--leader-elect", "--leader-election-namespace", c.OPERATOR_NAMESPACE,
-            "--bind-address", "127.0.0.1", "--webhook-port", str(port),
-            "--health-probe-port", str(probes), "--metrics-port", str(_port()),
-            "--no-metrics-secure", "--cert-dir", str(cert_dir),
-        ]  # fmt: skip
-        with self.nmo_log.open("wb") as out:
-            self.nmo = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
-
-        async def ready() -> bool:
-            if self.nmo is not None and self.nmo.poll() is not None:
-                raise DemoFailed(f"nmo exited:\n{self.nmo_log.read_text()[-2000:]}")
-            try:
-                async with httpx.AsyncClient() as probe:
-                    ready = await probe.get(f"http://127.0.0.1:{probes}/readyz")
-                    leading = await probe.get(f"http://127.0.0.1:{probes}/leaderz")
-                return ready.status_code == 200 and leading.status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await until(ready, 60, "nmo to be ready")
+        pods = await until(ready, 60, "two Ready operator pods")
         ok(
-            f"nmo is leader and ready: curl -fsS http://127.0.0.1:{probes}/readyz answers ok, "
-            "/leaderz answers leading"
+            f"chart installed in {time.monotonic() - started:.1f}s: 2 replicas Ready through the "
+            "kubelet's /readyz probe, certificate issued by cert-manager"
+        )
+        await self.kubectl("get", "pods", "-n", c.OPERATOR_NAMESPACE, "-o", "wide")
+        lease = await expect(
+            await self.http.get(
+                f"/apis/coordination.k8s.io/v1/namespaces/{c.OPERATOR_NAMESPACE}/leases/"
+                + c.LEADER_ELECTION_ID
+            ),
+            200,
+        )
+        holder = str(lease["spec"].get("holderIdentity") or "")
+        names = [p["metadata"]["name"] for p in pods]
+        if not any(holder.startswith(f"{n}_") for n in names):
+            raise DemoFailed(f"the leader lease names {holder!r}, not one of {names}")
+        ok(f"leader: {holder}")
+        await self.kubectl(
+            "exec", "-n", c.OPERATOR_NAMESPACE, names[0], "--", "ls", c.DEFAULT_CERT_DIR + "/"
         )
 
     async def uninstall(self) -> None:
+        for pod in await self._operator_pods():
+            name = pod["metadata"]["name"]
+            resp = await self.http.get(f"/api/v1/namespaces/{c.OPERATOR_NAMESPACE}/pods/{name}/log")
+            refused = [line for line in resp.text.splitlines() if "forbidden" in line.lower()]
+            if resp.status_code != 200 or refused:
+                raise DemoFailed(
+                    f"pod {name}: nmo was refused something by the chart's RBAC: "
+                    f"{refused[:1] or resp.text[:300]}"
+                )
         step("Uninstall the chart")
-        result = await self.sb.helm("uninstall", "nmo", "-n", c.OPERATOR_NAMESPACE, "--wait")
+        result = await self.sb.helm("uninstall", RELEASE, "-n", c.OPERATOR_NAMESPACE, "--wait")
         if result.returncode != 0:
             raise DemoFailed(f"helm uninstall failed: {result.stderr.strip()}")
-        log_lines = self.nmo_log.read_text().splitlines()
-        refused = [line for line in log_lines if "forbidden" in line.lower()]
-        if refused:
-            raise DemoFailed(f"nmo was refused something by the chart's RBAC: {refused[0]}")
-        ok("uninstalled (the CRD stays, as Helm does); nmo needed nothing beyond its RBAC")
+
+        async def no_pods() -> bool:
+            return not await self._operator_pods(terminating=True)
+
+        await until(no_pods, 60, "the operator's pods to be gone")
+        ok(
+            "uninstalled, pods gone (the CRD stays, as Helm does); "
+            "nmo needed nothing beyond its RBAC"
+        )
+
+    async def show_operator_logs(self) -> None:
+        console.print("[dim]last lines of the operator's logs:[/]")
+        result = await self.sb.kubectl(
+            "logs", "-n", c.OPERATOR_NAMESPACE, "-l", "=".join(c.OPERATOR_POD_LABEL), "--tail=20"
+        )
+        console.print((result.stdout + result.stderr).rstrip(), markup=False)
+
+    async def _operator_pods(self, *, terminating: bool = False) -> list[dict[str, Any]]:
+        resp = await self.http.get(
+            f"/api/v1/namespaces/{c.OPERATOR_NAMESPACE}/pods",
+            params={"labelSelector": "=".join(c.OPERATOR_POD_LABEL)},
+        )
+        items = await expect(resp, 200)
+        return [
+            p
+            for p in items.get("items", [])
+            if terminating or not p["metadata"].get("deletionTimestamp")
+        ]
 
     async def deploy(self) -> None:
         step(f"Deploy workloads preferring {NODE}: web (8 pods), db (3 pods, PDB maxUnavailable 1)")
@@ -306,13 +311,10 @@ class Demo:
         )
         return list(resp.json().get("items", [])) if resp.status_code == 200 else []
 
-    async def stop(self) -> None:
-        if self.nmo is not None and self.nmo.poll() is None:
-            self.nmo.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.nmo.wait(timeout=15)
-            if self.nmo.poll() is None:
-                self.nmo.kill()
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conditions)
 
 
 def _nm_yaml(name: str, node: str) -> str:
@@ -352,35 +354,49 @@ def _render(obj: dict[str, Any], events: list[dict[str, Any]], elapsed: float) -
 async def _sandbox(directory: Path | None) -> AsyncIterator[tuple[Sandbox, Path]]:
     with tempfile.TemporaryDirectory(prefix="nmo-demo-") as tmp:
         root = directory or Path(tmp)
-        async with Sandbox(root / "sandbox", nodes=3) as sb:
+        async with Sandbox(
+            root / "sandbox", nodes=3, real_nodes=REAL_NODES, cert_manager=True
+        ) as sb:
             yield sb, root
+
+
+async def _story(demo: Demo, image: str) -> None:
+    await demo.install(image)
+    await demo.deploy()
+    await demo.refused()
+    await demo.maintain()
+    await demo.finish()
+    await demo.uninstall()
 
 
 async def main(directory: Path | None, *, keep: bool = False) -> int:
     started = time.monotonic()
-    step("Start the sandbox: etcd, kube-apiserver, controller-manager, scheduler, 3 kwok nodes")
-    demo: Demo | None = None
     try:
+        step("Build the operator image (make image; reused when nothing changed)")
+        image = await ensure_image()
+        ok(f"{image.ref} ready in {image.seconds:.1f}s")
+        step(
+            f"Start the sandbox: etcd, kube-apiserver, controller-manager, scheduler, "
+            f"3 kwok nodes, real node {REAL_NODE} (kubelet, containerd), cert-manager"
+        )
+        up = time.monotonic()
         async with _sandbox(directory) as (sb, root), sb.client(user_agent="nmo-demo") as http:
-            ok(f"control plane ready at {sb.server} in {time.monotonic() - started:.1f}s")
+            ok(f"control plane ready at {sb.server} in {time.monotonic() - up:.1f}s")
+            loaded = sb.load_image(image.ref)
+            if inspect.isawaitable(loaded):
+                await loaded
+            ok(f"{image.ref} loaded into {REAL_NODE}'s containerd")
             demo = Demo(sb, http, root)
             try:
-                await demo.install()
-                await demo.deploy()
-                await demo.refused()
-                await demo.maintain()
-                await demo.finish()
-            finally:
-                await demo.stop()
-            await demo.uninstall()
+                await _story(demo, image.ref)
+            except DemoFailed:
+                await demo.show_operator_logs()
+                raise
             if keep:
                 console.print(f"\n--keep: sandbox left running in {sb.dir}; stop it with Ctrl-C")
                 await asyncio.Event().wait()
     except DemoFailed as exc:
         console.print(f"\n[bold red]demo failed:[/] {exc}")
-        if demo is not None and demo.nmo_log.exists():
-            console.print("[dim]last lines of the nmo log:[/]")
-            console.print("\n".join(demo.nmo_log.read_text().splitlines()[-30:]), markup=False)
         return 1
     except SandboxError as exc:
         console.print(f"\n[bold red]sandbox failed:[/] {exc}")
