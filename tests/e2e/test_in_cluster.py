@@ -276,7 +276,7 @@ async def release(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rel
             rel = Release(sandbox, api, env, timings)
             t3 = time.monotonic()
             installed = await sandbox.helm(
-                "install", *install_args(ref, REAL_NODES), "--wait", "--timeout", "180s"
+                "install", *install_args(ref), "--wait", "--timeout", "180s"
             )
             if installed.returncode != 0:
                 pods = await sandbox.kubectl("get", "pods", "-A", "-o", "wide")

@@ -112,7 +112,7 @@ class Demo:
 
     async def install(self, image: str) -> None:
         step(f"Install the Helm chart in-cluster: image {image} on {REAL_NODE}, cert-manager TLS")
-        args = install_args(image, REAL_NODES)
+        args = install_args(image)
         started = time.monotonic()
         result = await self.sb.helm("install", *args, "--wait", "--timeout", "180s")
         console.print(f"    [dim]$ helm install {' '.join(args[:5])} --set image.* ...[/]")

@@ -61,21 +61,16 @@ async def ensure_image(*, timeout: float = 1800.0) -> ImageBuild:
     return ImageBuild(lines[-1].strip(), time.monotonic() - started)
 
 
-def install_args(ref: str, real_nodes: int) -> list[str]:
+def install_args(ref: str) -> list[str]:
     """``helm install`` arguments: the release, the chart, and the values the sandbox forces."""
     repository, _, tag = ref.rpartition(":")
     if not repository or "/" in tag:
         raise SandboxError(f"image reference {ref!r} has no tag")
-    if real_nodes < 1:
-        raise SandboxError("the in-cluster install needs at least one real node")
-    if real_nodes == 1:
-        placement = "deployment.nodeSelector.kubernetes\\.io/hostname=real-1"
-    else:
-        placement = "deployment.nodeSelector.type=real"
     return [
         RELEASE, str(CHART), "-n", c.OPERATOR_NAMESPACE, "--create-namespace",
         "--set", f"image.repository={repository}",
         "--set", f"image.tag={tag}",
         "--set", "image.pullPolicy=Never",
-        "--set-string", placement,
+        # Every real node carries type=real, every kwok node type=kwok.
+        "--set-string", "deployment.nodeSelector.type=real",
     ]  # fmt: skip
