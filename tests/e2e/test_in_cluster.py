@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import inspect
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import time
@@ -73,6 +75,9 @@ G26_LS = """\
 kubectl exec -n node-maintenance-operator-system \\
   $(kubectl get pod -n node-maintenance-operator-system -l control-plane=controller-manager -o name) \\
   -- ls /apiserver.local.config/certificates/"""  # noqa: E501 (verbatim)
+G3_FOLLOW = """\
+kubectl logs -n node-maintenance-operator-system \\
+  -l control-plane=controller-manager -f"""
 G3_LOGS = """\
 kubectl logs -n node-maintenance-operator-system \\
   -l control-plane=controller-manager"""
@@ -360,26 +365,64 @@ async def test_webhook_through_the_service_refuses_a_missing_node(release: Relea
 # -- g: the guide's sections 2.6 and 3, verbatim, against the pods -----------------
 
 
-async def test_guide_2_6_lists_the_mounted_certificates_and_3_shows_json_logs(
+async def test_guide_2_6_lists_the_certificates_mounted_from_cert_managers_secret(
     release: Release,
 ) -> None:
     listed = await release.sh(G26_LS)
     assert listed.returncode == 0, listed
-    assert listed.stdout.split() == ["ca.crt", "tls.crt", "tls.key"], listed
+    secret = await release.get(f"/api/v1/namespaces/{NS}/secrets/{CERT_SECRET}")
+    assert secret is not None
+    assert listed.stdout.split() == sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"], (
+        listed
+    )
+
+
+async def test_guide_3_logs_are_nmos_json_logs_and_follow_a_maintenance(
+    release: Release,
+) -> None:
+    node, name = "node-1", f"nm-{uuid.uuid4().hex[:6]}"
+    follow = await asyncio.create_subprocess_exec(
+        "bash", "-c", G3_FOLLOW, cwd=ROOT, env=release.shell_env, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    seen: list[str] = []
+
+    async def read_until(text: str) -> None:
+        assert follow.stdout is not None
+        while not any(text in line for line in seen):
+            raw = await follow.stdout.readline()
+            assert raw, f"kubectl logs -f ended early:\n{''.join(seen)}"
+            seen.append(raw.decode(errors="replace"))
+
+    try:
+        await asyncio.wait_for(read_until('"msg"'), 20)  # the current tail has arrived
+        resp = await release.api.post(NM_PATH, json=nm(name, node))
+        assert resp.status_code == 201, resp.text
+        await asyncio.wait_for(read_until(f"maintenance {name}: drain of node {node} complete"), 30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(follow.pid, signal.SIGTERM)
+        await follow.wait()
+    records = [json.loads(line) for line in seen]  # every line is one JSON record
+    assert all("msg" in r and "level" in r for r in records), seen[:3]
+    assert any(f"maintenance {name} for node {node}: begin" in r["msg"] for r in records), seen
 
     logs = await release.sh(G3_LOGS)
     assert logs.returncode == 0, logs
-    lines = logs.stdout.splitlines()
-    assert lines, logs
-    records = [json.loads(line) for line in lines]  # nmo's JSON log lines, every one
-    assert all("msg" in r for r in records), lines[:3]
-    # Both pods' logs (kubectl logs -l shows the last 10 lines of each pod).
-    pods = {p["metadata"]["name"] for p in await release.pods()}
-    assert len(lines) > 10 or len(pods) == 1, lines
+    assert all("msg" in json.loads(line) for line in logs.stdout.splitlines()), logs
     grep = await release.sh(G3_GREP)
     assert grep.returncode == 0, grep
-    assert all(re.search("maintenance|lease|drain", s, re.I) for s in grep.stdout.splitlines())
-    assert grep.stdout.strip(), grep
+    lines = grep.stdout.splitlines()
+    assert lines and all(re.search("maintenance|lease|drain", s, re.I) for s in lines), grep
+    assert len(lines) <= 20, grep  # without --tail: the last 10 lines of each pod
+    assert any(f"maintenance {name}" in s for s in lines), grep
+
+    assert (await release.api.delete(f"{NM_PATH}/{name}")).status_code == 200
+
+    async def gone() -> bool:
+        return await release.get(f"{NM_PATH}/{name}") is None
+
+    await wait_for(gone, timeout=30, what=f"{name} to be removed")
 
 
 # -- e: the memory limit and the read-only root filesystem -------------------------
