@@ -100,7 +100,9 @@ def _docker_archive(image: StaticImage, binary: bytes) -> bytes:
             "created": "1970-01-01T00:00:00Z",
             "config": {"Entrypoint": [f"/{image.binary}"], "User": "0"},
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
-            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": f"nmo-sandbox {image.source}"}],
+            "history": [
+                {"created": "1970-01-01T00:00:00Z", "created_by": f"nmo-sandbox {image.source}"}
+            ],
         },
         sort_keys=True,
     ).encode()
