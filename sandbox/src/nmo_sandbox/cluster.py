@@ -89,6 +89,7 @@ from nmo_sandbox.process import (
 from nmo_sandbox.realnodes import (
     RealNode,
     check_host_tools,
+    check_socket_paths,
     cni_conflist,
     containerd_command,
     containerd_config,
@@ -251,6 +252,8 @@ class Sandbox:
         if self.real_nodes:
             bins.check_real_nodes()
             check_host_tools()
+            for node in self._real():
+                check_socket_paths(node)
         refuse_if_running(self.layout)
         t0 = time.monotonic()
         deadline = t0 + self.timeout
@@ -592,6 +595,7 @@ class Sandbox:
                 node_ip=node_ip,
                 port=port,
                 healthz_port=healthz,
+                cgroup_root=f"/{net.name}/{node.name}",
                 ca_file=self.ca_file,
                 serving_cert=serving.cert_file,
                 serving_key=serving.key_file,

@@ -48,6 +48,7 @@ __all__ = [
     "REAL_NODE_LABEL",
     "RealNode",
     "check_host_tools",
+    "check_socket_paths",
     "cni_conflist",
     "containerd_command",
     "containerd_config",
@@ -167,6 +168,24 @@ class RealNode:
         return f"kubelet-{self.name}"
 
 
+# The longest unix socket a kubelet makes below its root dir, past the root:
+# "/pod-resources/" + a 10-digit temporary name (sun_path holds 107 bytes).
+_SOCKET_TAIL = len("/pod-resources/") + 10
+_SUN_PATH_MAX = 107
+
+
+def check_socket_paths(node: RealNode) -> None:
+    """Raise if the node's unix socket paths would exceed the kernel's 107 bytes."""
+    longest = len(str(node.kubelet_root)) + _SOCKET_TAIL
+    if longest > _SUN_PATH_MAX:
+        room = len(str(node.base.parent)) - (longest - _SUN_PATH_MAX)
+        raise SandboxError(
+            f"the sandbox directory {node.base.parent} is too long for real nodes: their "
+            f"unix sockets would need {longest} bytes of the kernel's {_SUN_PATH_MAX}; "
+            f"use a directory path of at most {room} characters"
+        )
+
+
 def check_host_tools() -> None:
     """Raise :class:`SandboxError` naming every missing host tool and its package."""
     import os
@@ -282,17 +301,24 @@ def kubelet_config(
     node_ip: str,
     port: int,
     healthz_port: int,
+    cgroup_root: str,
     ca_file: Path,
     serving_cert: Path,
     serving_key: Path,
 ) -> dict[str, Any]:
-    """The KubeletConfiguration for this machine (cgroup v1, no systemd)."""
+    """The KubeletConfiguration for this machine (cgroup v1, no systemd).
+
+    ``cgroup_root`` is the pods' cgroup parent (without per-QoS cgroups the
+    kubelet hands it to the runtime as is): one per node and sandbox, so the
+    containers' cgroups are the sandbox's own and ``down`` can remove them.
+    """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
+        "cgroupRoot": cgroup_root,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "address": node_ip,

@@ -14,8 +14,10 @@ stay. In order:
    namespaces kept under the containerd state dir, the kubelet's tmpfs
    volumes) is detached, deepest first, which frees the namespaces and their
    veths;
-4. the bridge and any veth still on it are deleted, and the CNI result cache
-   entries of its network (``/var/lib/cni/results/<bridge>-*``) removed.
+4. the bridge and any veth still on it are deleted, the pods' cgroup tree
+   ``/<bridge>/`` (the kubelets' ``cgroupRoot``) removed in every hierarchy, and
+   the CNI result cache entries of its pods
+   (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = ["Shim", "find_shims", "mounts_under", "teardown_real_nodes"]
 _MNT_DETACH = 2
 _SHIM_SOCKET_DIR = Path("/run/containerd/s")
 _CNI_CACHE = Path("/var/lib/cni/results")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Shim:
 def teardown_real_nodes(base: Path, bridge: str | None) -> None:
     """Remove containers, shims, mounts, namespaces and the bridge of ``base`` (DIR/real)."""
     base = base.resolve()
+    ids = _sandbox_ids(base)
     for root in sorted(base.glob("*/runc/*")):
         _delete_containers(root)
     shims = find_shims(base)
@@ -72,8 +76,12 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
     _unmount_all(base)
     if bridge:
         delete_bridge(bridge)
-        if _CNI_CACHE.is_dir():
-            for entry in _CNI_CACHE.glob(f"{bridge}-*"):
+        _remove_cgroups(bridge)
+    if _CNI_CACHE.is_dir():
+        for entry in _CNI_CACHE.iterdir():
+            if (bridge and entry.name.startswith(f"{bridge}-")) or any(
+                f"-{i}-" in entry.name for i in ids
+            ):
                 entry.unlink(missing_ok=True)
     left = mounts_under(base)
     if left:
@@ -111,6 +119,17 @@ def mounts_under(base: Path) -> list[str]:
     return sorted(set(points), key=lambda p: (-p.count("/"), p))
 
 
+def _sandbox_ids(base: Path) -> set[str]:
+    """Pod sandbox and container ids the nodes' containerd state knows of."""
+    ids: set[str] = set()
+    for pattern in (
+        "*/state/io.containerd.runtime.v2.task/*/*",
+        "*/state/io.containerd.grpc.v1.cri/sandboxes/*",
+    ):
+        ids.update(p.name for p in base.glob(pattern))
+    return ids
+
+
 def _delete_containers(root: Path) -> None:
     """``runc delete --force`` every container recorded in one runc root."""
     if not root.is_dir():
@@ -123,6 +142,17 @@ def _delete_containers(root: Path) -> None:
                     capture_output=True,
                     timeout=30,
                 )
+
+
+def _remove_cgroups(bridge: str) -> None:
+    """Remove the (now empty) pod cgroups ``/<bridge>/...`` in every hierarchy."""
+    for top in _CGROUP_ROOT.glob(f"*/{bridge}"):
+        for d in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
+            if d.is_dir():
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
 
 
 def _unmount_all(base: Path) -> None:
