@@ -1,0 +1,67 @@
+/* A tiny static test program for real-node tests (no shell in the image).
+ *
+ *   probe serve LINE...   print each LINE to stdout, then sleep until SIGTERM
+ *   probe ls DIR          list DIR's entries, one a line (for kubectl exec)
+ *   probe cat FILE        copy FILE to stdout
+ *   probe alloc MIB       allocate and touch MIB MiB, then sleep (memory limits)
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop;
+
+static void on_stop(int sig) { (void)sig; stop = 1; }
+
+static int sleep_until_stopped(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    while (!stop) pause();
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0) {
+        for (int i = 2; i < argc; i++) printf("%s\n", argv[i]);
+        fflush(stdout);
+        return sleep_until_stopped();
+    }
+    if (argc == 3 && strcmp(argv[1], "ls") == 0) {
+        DIR *d = opendir(argv[2]);
+        if (!d) { perror(argv[2]); return 1; }
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (e->d_name[0] != '.') printf("%s\n", e->d_name);
+        closedir(d);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "cat") == 0) {
+        int fd = open(argv[2], O_RDONLY);
+        if (fd < 0) { perror(argv[2]); return 1; }
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0) fwrite(buf, 1, (size_t)n, stdout);
+        close(fd);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "alloc") == 0) {
+        long mib = atol(argv[2]);
+        for (long i = 0; i < mib; i++) {
+            char *p = malloc(1 << 20);
+            if (!p) { perror("malloc"); return 1; }
+            memset(p, 1, 1 << 20);
+        }
+        printf("allocated %ld MiB\n", mib);
+        fflush(stdout);
+        return sleep_until_stopped();
+    }
+    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB\n");
+    return 2;
+}
