@@ -98,6 +98,7 @@ from nmo_sandbox.realnodes import (
     kubelet_kubeconfig,
     prepare_dirs,
 )
+from nmo_sandbox.service_route import route as route_kubernetes_service
 from nmo_sandbox.state import (
     kill_in_order,
     process_refs,
@@ -532,6 +533,8 @@ class Sandbox:
             raise SandboxError(f"containerd config default: {default.stderr.strip()}")
         self._bridge = await asyncio.to_thread(allocate_bridge, str(self.dir), self.real_nodes)
         self._write_state()  # the bridge is recorded before anything can leak
+        # Pods' in-cluster clients dial the kubernetes Service (no kube-proxy here).
+        await asyncio.to_thread(route_kubernetes_service, self._bridge.name, self.ports.apiserver)
         ports = free_ports(2 * self.real_nodes)
         for node in self._real():
             prepare_dirs(node)

@@ -117,8 +117,8 @@ class Demo:
         result = await self.sb.helm("install", *args, "--wait", "--timeout", "180s")
         console.print(f"    [dim]$ helm install {' '.join(args[:5])} --set image.* ...[/]")
         if result.returncode != 0:
-            pods = await self.sb.kubectl("get", "pods", "-A", "-o", "wide")
-            raise DemoFailed(f"helm install failed: {result.stderr.strip()}\n{pods.stdout}")
+            listing = await self.sb.kubectl("get", "pods", "-A", "-o", "wide")
+            raise DemoFailed(f"helm install failed: {result.stderr.strip()}\n{listing.stdout}")
 
         async def ready() -> list[dict[str, Any]] | None:
             pods = await self._operator_pods()

@@ -15,7 +15,9 @@ addresses (host-local IPAM, one range per node on the shared bridge).
 
 The bridge's alias records the sandbox directory, so ``down`` (and a human
 with ``ip -d link``) can tell whose bridge it is. Masquerading stays off, so
-the CNI bridge plugin adds no iptables rules: pods reach only the bridge.
+the CNI bridge plugin adds no iptables rules: pods reach only the bridge
+(and, through the one NAT rule of :mod:`nmo_sandbox.service_route`, the
+apiserver on loopback as the ``kubernetes`` Service).
 """
 
 from __future__ import annotations
