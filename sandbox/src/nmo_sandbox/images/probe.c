@@ -4,13 +4,16 @@
  *   probe ls DIR          list DIR's entries, one a line (for kubectl exec)
  *   probe cat FILE        copy FILE to stdout
  *   probe alloc MIB       allocate and touch MIB MiB, then sleep (memory limits)
+ *   probe connect IP PORT open a TCP connection, print "connected" (pod networking)
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
@@ -62,6 +65,18 @@ int main(int argc, char **argv) {
         fflush(stdout);
         return sleep_until_stopped();
     }
-    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB\n");
+    if (argc == 4 && strcmp(argv[1], "connect") == 0) {
+        struct sockaddr_in addr;
+        memset(&addr, 0, sizeof addr);
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons((unsigned short)atoi(argv[3]));
+        if (inet_pton(AF_INET, argv[2], &addr.sin_addr) != 1) { fprintf(stderr, "bad IP\n"); return 2; }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { perror("connect"); return 1; }
+        printf("connected\n");
+        close(fd);
+        return 0;
+    }
+    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB | connect IP PORT\n");
     return 2;
 }
