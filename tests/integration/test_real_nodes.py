@@ -12,6 +12,7 @@ was SIGKILLed. Missing host tools FAIL with one line (never skip).
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import json
 import os
@@ -216,6 +217,87 @@ async def test_pods_reach_the_apiserver_at_its_service_ip(
         ipaddress.IPv4Address("10.96.0.0"),
         ipaddress.IPv4Address(real.bridge.subnet.split("/")[0]),
     }, table
+
+
+async def test_the_apiserver_calls_a_webhook_service_at_its_pod_ip(
+    real: Sandbox, kube: httpx.AsyncClient, ns: str
+) -> None:
+    """--enable-aggregator-routing: a webhook Service resolves to its endpoint's pod IP.
+
+    The probe only accepts TCP (the TLS handshake then fails and
+    ``failurePolicy: Ignore`` lets the request through); its log shows that
+    the apiserver connected to the pod behind the Service.
+    """
+    body = pod("hook", PROBE.ref, args=["listen", "8443"])
+    body["metadata"]["labels"] = {"app": "hook"}
+    got = await run_pod(kube, ns, body)
+
+    async def ready() -> bool:
+        p: Json = (await kube.get(f"/api/v1/namespaces/{ns}/pods/hook")).json()
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p["status"]["conditions"]
+        )
+
+    await wait_for(ready, timeout=30, what="pod hook Ready")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "hook"},
+        "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": 8443}]},
+    }
+    resp = await kube.post(f"/api/v1/namespaces/{ns}/services", json=service)
+    assert resp.status_code == 201, resp.text
+
+    async def endpoint() -> bool:
+        eps = await kube.get(f"/api/v1/namespaces/{ns}/endpoints/hook")
+        subsets = eps.json().get("subsets") or [] if eps.status_code == 200 else []
+        return any(a["ip"] == got["status"]["podIP"] for s in subsets for a in s["addresses"])
+
+    await wait_for(endpoint, timeout=30, what="the Service's endpoint")
+    name = f"hook-{ns}"
+    webhook = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": "hook.nmo-sandbox.test",
+                "clientConfig": {
+                    "service": {"namespace": ns, "name": "hook", "port": 443, "path": "/"},
+                    "caBundle": base64.b64encode(real.ca_file.read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["configmaps"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "failurePolicy": "Ignore",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+            }
+        ],
+    }
+    path = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    resp = await kube.post(path, json=webhook)
+    assert resp.status_code == 201, resp.text
+    try:
+
+        async def called() -> bool:
+            cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "c-"}}
+            created = await kube.post(f"/api/v1/namespaces/{ns}/configmaps", json=cm)
+            assert created.status_code == 201, created.text
+            logs = await real.kubectl("logs", "-n", ns, "hook")
+            return "accepted " in logs.stdout
+
+        # The webhook configuration reaches the apiserver's informer within a second or so.
+        await wait_for(called, timeout=30, interval=0.5, what="the apiserver to dial the pod")
+    finally:
+        await kube.delete(f"{path}/{name}")
 
 
 async def test_memory_limit_is_enforced(kube: httpx.AsyncClient, ns: str) -> None:

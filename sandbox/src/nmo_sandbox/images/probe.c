@@ -5,6 +5,7 @@
  *   probe cat FILE        copy FILE to stdout
  *   probe alloc MIB       allocate and touch MIB MiB, then sleep (memory limits)
  *   probe connect IP PORT open a TCP connection, print "connected" (pod networking)
+ *   probe listen PORT     accept TCP connections forever, print "accepted <peer>" each
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -77,6 +78,30 @@ int main(int argc, char **argv) {
         close(fd);
         return 0;
     }
-    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB | connect IP PORT\n");
+    if (argc == 3 && strcmp(argv[1], "listen") == 0) {
+        struct sockaddr_in addr;
+        memset(&addr, 0, sizeof addr);
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons((unsigned short)atoi(argv[2]));
+        int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 16) != 0) {
+            perror("listen");
+            return 1;
+        }
+        for (;;) {
+            struct sockaddr_in peer;
+            socklen_t len = sizeof peer;
+            int c = accept(fd, (struct sockaddr *)&peer, &len);
+            if (c < 0) continue;
+            char ip[INET_ADDRSTRLEN] = "?";
+            inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof ip);
+            printf("accepted %s\n", ip);
+            fflush(stdout);
+            close(c);
+        }
+    }
+    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB | connect IP PORT"
+                    " | listen PORT\n");
     return 2;
 }
