@@ -52,17 +52,25 @@ def _prerequisites() -> None:
 
 
 @pytest.fixture(scope="module")
-async def real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox]:
-    """A sandbox with node-1 (kwok) and real-1, and the probe image loaded into real-1."""
+async def probe_image() -> str:
+    """The probe image, built here and put into containers-storage (as `make image` would)."""
     _prerequisites()
+    probe_tar = await asyncio.to_thread(build_image, PROBE)
+    loaded = await asyncio.create_subprocess_exec(
+        "podman", "load", "-q", "-i", str(probe_tar), stdout=subprocess.DEVNULL
+    )
+    assert await loaded.wait() == 0
+    return PROBE.ref
+
+
+@pytest.fixture(scope="module")
+async def real(
+    tmp_path_factory: pytest.TempPathFactory, probe_image: str
+) -> AsyncIterator[Sandbox]:
+    """A sandbox with node-1 (kwok) and real-1, the probe image loaded into real-1."""
     sb = Sandbox(tmp_path_factory.mktemp("real"), nodes=1, real_nodes=1)
     async with sb:
-        probe_tar = await asyncio.to_thread(build_image, PROBE)
-        loaded = await asyncio.create_subprocess_exec(
-            "podman", "load", "-q", "-i", str(probe_tar), stdout=subprocess.DEVNULL
-        )
-        assert await loaded.wait() == 0
-        await sb.load_image(PROBE.ref)
+        await sb.load_image(probe_image)
         yield sb
 
 
@@ -405,8 +413,9 @@ _KILLED_SANDBOX = textwrap.dedent(
 )
 
 
-async def test_down_cleans_a_sigkilled_sandbox(tmp_path_factory: pytest.TempPathFactory) -> None:
-    _prerequisites()
+async def test_down_cleans_a_sigkilled_sandbox(
+    probe_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     directory = tmp_path_factory.mktemp("killed")
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO / 'sandbox' / 'src'}"}
     proc = await asyncio.create_subprocess_exec(
@@ -417,6 +426,18 @@ async def test_down_cleans_a_sigkilled_sandbox(tmp_path_factory: pytest.TempPath
         line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
         bridge = line.decode().strip()
         assert bridge.startswith("nmo-sb"), line
+        # `nmo-sandbox load` finds the real nodes from the state file alone.
+        load = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "nmo_sandbox.cli", "load", "--dir", str(directory), probe_image,
+            env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert await asyncio.wait_for(load.wait(), timeout=60) == 0
+        images = await asyncio.create_subprocess_exec(
+            "ctr", f"--address={directory}/real/real-1/containerd.sock", "-n", "k8s.io",
+            "images", "ls", "-q", stdout=subprocess.PIPE,
+        )  # fmt: skip
+        listed, _ = await images.communicate()
+        assert probe_image in listed.decode().split(), listed
         recorded = record(directory, bridge)
     finally:
         proc.send_signal(signal.SIGKILL)
