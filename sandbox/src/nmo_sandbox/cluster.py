@@ -68,7 +68,7 @@ from nmo_sandbox.errors import (
 from nmo_sandbox.images import PAUSE, build_image
 from nmo_sandbox.kwok_api import crds as kwok_crds
 from nmo_sandbox.kwok_api import write_exec_shims
-from nmo_sandbox.network import BridgeNet, allocate_bridge
+from nmo_sandbox.network import BridgeNet, allocate_bridge, expose_apiserver
 from nmo_sandbox.nodes import node_is_ready, node_manifest
 from nmo_sandbox.pki import (
     PKI,
@@ -272,6 +272,7 @@ class Sandbox:
             await self._start_component("kube-apiserver", bins, deadline, self._apiserver_ready)
             self.timings["kube-apiserver"] = time.monotonic() - t0
             if self.real_nodes:
+                await asyncio.to_thread(expose_apiserver, self.bridge, self.ports.apiserver)
                 await self._start_kubelets(bins, deadline)
                 self.timings["kubelets-spawned"] = time.monotonic() - t0
             # kwok watches its debugging resources from the start (kwok_api.py).

@@ -15,29 +15,40 @@ addresses (host-local IPAM, one range per node on the shared bridge).
 
 The bridge's alias records the sandbox directory, so ``down`` (and a human
 with ``ip -d link``) can tell whose bridge it is. Masquerading stays off, so
-the CNI bridge plugin adds no iptables rules: pods reach only the bridge
-(and, through the one NAT rule of :mod:`nmo_sandbox.service_route`, the
-apiserver on loopback as the ``kubernetes`` Service).
+the CNI bridge plugin adds no iptables rules: pods reach only the bridge.
+
+Pods reach the apiserver as in-cluster clients do, at the ``kubernetes``
+Service (``10.96.0.1:443``), without kube-proxy: one nat PREROUTING rule of
+the sandbox's own (``-i <bridge>``) rewrites that destination to
+``127.0.0.1:<apiserver port>``, and ``route_localnet`` on the bridge lets the
+kernel route it there. The apiserver's certificate already names 10.96.0.1.
+Deleting the bridge deletes that rule too.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from nmo_sandbox.errors import SandboxError
 
 __all__ = [
+    "KUBERNETES_SERVICE_IP",
     "MAX_REAL_NODES",
     "BridgeNet",
     "allocate_bridge",
     "delete_bridge",
+    "expose_apiserver",
     "ip_command",
 ]
+
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # first address of components.SERVICE_CIDR
 
 MAX_REAL_NODES = 200
 _FIRST_OCTET2 = 160
@@ -124,11 +135,62 @@ def allocate_bridge(owner: str, node_count: int) -> BridgeNet:
     )
 
 
+def expose_apiserver(net: BridgeNet, port: int) -> None:
+    """Send pods' ``10.96.0.1:443`` to the apiserver on ``127.0.0.1:port``."""
+    try:
+        Path(f"/proc/sys/net/ipv4/conf/{net.name}/route_localnet").write_text("1\n")
+    except OSError as exc:
+        raise SandboxError(f"enabling route_localnet on {net.name}: {exc}") from exc
+    _iptables("-A", *_dnat_rule(net.name, port))
+
+
 def delete_bridge(name: str) -> None:
-    """Delete the bridge and any veth still attached to it (absent is fine)."""
+    """Delete the bridge, any veth still attached to it and its nat rule (absent is fine)."""
+    for rule in _nat_rules_of(name):
+        _iptables("-D", *rule, check=False)
     for port in _ports_of(name):
         ip_command("link", "del", "dev", port, check=False)
     ip_command("link", "del", "dev", name, check=False)
+
+
+def _dnat_rule(bridge: str, port: int) -> list[str]:
+    return [
+        "PREROUTING",
+        "-i", bridge,
+        "-d", f"{KUBERNETES_SERVICE_IP}/32",
+        "-p", "tcp",
+        "-m", "tcp",
+        "--dport", "443",
+        "-m", "comment",
+        "--comment", f"nmo-sandbox {bridge}",
+        "-j", "DNAT",
+        "--to-destination", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+
+
+def _nat_rules_of(bridge: str) -> list[list[str]]:
+    """The nat PREROUTING rules on ``-i bridge``, as argument lists for ``-D``."""
+    res = _iptables("-S", "PREROUTING", check=False)
+    rules = []
+    for line in res.stdout.splitlines():
+        args = shlex.split(line)
+        if args[:1] == ["-A"] and f"-i {bridge} " in f"{line} ":
+            rules.append(args[1:])
+    return rules
+
+
+def _iptables(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        res = subprocess.run(
+            ["iptables", "-w", "5", "-t", "nat", *args], capture_output=True, text=True, timeout=30
+        )
+    except FileNotFoundError:
+        raise SandboxError(
+            "iptables is not installed; real nodes need it: apt-get install iptables"
+        ) from None
+    if check and res.returncode != 0:
+        raise SandboxError(f"iptables -t nat {' '.join(args)}: {res.stderr.strip()}")
+    return res
 
 
 def bridge_exists(name: str) -> bool:

@@ -69,6 +69,7 @@ _HOST_TOOLS = {
     "runc": "runc",
     "containerd-shim-runc-v2": "containerd",
     "ip": "iproute2",
+    "iptables": "iptables",
 }
 # Snapshotters and plugins this machine cannot use; skipping them keeps the
 # containerd log free of their start-up errors.

@@ -4,13 +4,17 @@
  *   probe ls DIR          list DIR's entries, one a line (for kubectl exec)
  *   probe cat FILE        copy FILE to stdout
  *   probe alloc MIB       allocate and touch MIB MiB, then sleep (memory limits)
+ *   probe connect IP PORT open a TCP connection, print "connected" (pod networking)
+ *   probe listen PORT     accept TCP connections forever, print "accepted <peer>" each
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
@@ -62,6 +66,42 @@ int main(int argc, char **argv) {
         fflush(stdout);
         return sleep_until_stopped();
     }
-    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB\n");
+    if (argc == 4 && strcmp(argv[1], "connect") == 0) {
+        struct sockaddr_in addr;
+        memset(&addr, 0, sizeof addr);
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons((unsigned short)atoi(argv[3]));
+        if (inet_pton(AF_INET, argv[2], &addr.sin_addr) != 1) { fprintf(stderr, "bad IP\n"); return 2; }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) { perror("connect"); return 1; }
+        printf("connected\n");
+        close(fd);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "listen") == 0) {
+        struct sockaddr_in addr;
+        memset(&addr, 0, sizeof addr);
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons((unsigned short)atoi(argv[2]));
+        int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(fd, 16) != 0) {
+            perror("listen");
+            return 1;
+        }
+        for (;;) {
+            struct sockaddr_in peer;
+            socklen_t len = sizeof peer;
+            int c = accept(fd, (struct sockaddr *)&peer, &len);
+            if (c < 0) continue;
+            char ip[INET_ADDRSTRLEN] = "?";
+            inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof ip);
+            printf("accepted %s\n", ip);
+            fflush(stdout);
+            close(c);
+        }
+    }
+    fprintf(stderr, "usage: probe serve LINE... | ls DIR | cat FILE | alloc MIB | connect IP PORT"
+                    " | listen PORT\n");
     return 2;
 }
