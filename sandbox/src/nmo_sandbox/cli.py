@@ -25,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the sandbox in DIR")
     up.add_argument("--dir", required=True)
     up.add_argument("--nodes", type=int, default=3, help="kwok nodes node-1..node-N")
+    up.add_argument(
+        "--cert-manager",
+        action="store_true",
+        help="also run cert-manager's controller and cainjector (make cert-manager-bin)",
+    )
     up.add_argument("--timeout", type=float, default=180.0)
     down = sub.add_parser("down", help="stop the sandbox in DIR and remove its state")
     down.add_argument("--dir", required=True)
@@ -47,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             started = time.monotonic()
-            sb = cluster.up(directory, nodes=args.nodes, timeout=args.timeout)
+            sb = cluster.up(
+                directory, nodes=args.nodes, cert_manager=args.cert_manager, timeout=args.timeout
+            )
             print(
                 f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.server}\n"
                 f"  kubeconfig: {sb.kubeconfig}\n  logs: {directory / 'logs'}\n"
