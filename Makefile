@@ -6,12 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
+CERT_MANAGER_BIN := hack/cert-manager-bin.sh
 BUNDLE_VALIDATE := hack/bundle-validate.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
 OLM_OUT ?= build/olm
 IMAGE ?=
 
-.PHONY: all venv sandbox-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image
+.PHONY: all venv sandbox-bin cert-manager-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image
 
 all: test
 
@@ -26,6 +27,11 @@ venv: $(STAMP)
 
 sandbox-bin:
 	$(SANDBOX_BIN)
+
+# cert-manager's controller and cainjector for `nmo-sandbox up --cert-manager`,
+# built from its Go module into ~/.cache/nmo/cert-manager/<version>/bin (README).
+cert-manager-bin:
+	$(CERT_MANAGER_BIN)
 
 .PHONY: bundle-validator bundle
 # The operator-framework bundle validator, built from its Go modules into
@@ -64,13 +70,13 @@ layers: $(STAMP)
 unit: $(STAMP) bundle-validator
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) sandbox-bin
+integration: $(STAMP) sandbox-bin cert-manager-bin
 	$(BIN)/pytest tests/integration tests/e2e -q
 
-test: $(STAMP) sandbox-bin bundle-validator lint typecheck layers
+test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider
 
-demo: $(STAMP) sandbox-bin
+demo: $(STAMP) sandbox-bin cert-manager-bin
 	$(BIN)/nmo-sandbox demo
 
 bench: $(STAMP) sandbox-bin

@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         "containerd 43); start-up barely longer (a node is Ready about 2 s after the "
         "apiserver); load images with `nmo-sandbox load`",
     )
+    up.add_argument(
+        "--cert-manager",
+        action="store_true",
+        help="also run cert-manager's controller and cainjector (make cert-manager-bin)",
+    )
     up.add_argument("--timeout", type=float, default=180.0)
     down = sub.add_parser("down", help="stop the sandbox in DIR and remove its state")
     down.add_argument("--dir", required=True)
@@ -64,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             started = time.monotonic()
             sb = cluster.up(
-                directory, nodes=args.nodes, real_nodes=args.real_nodes, timeout=args.timeout
+                directory,
+                nodes=args.nodes,
+                real_nodes=args.real_nodes,
+                cert_manager=args.cert_manager,
+                timeout=args.timeout,
             )
             print(
                 f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.server}\n"

@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 
+from nmo_sandbox import certmanager
 from nmo_sandbox.binaries import Binaries, find_binaries
 from nmo_sandbox.components import (
     COMPONENTS,
@@ -98,7 +99,6 @@ from nmo_sandbox.realnodes import (
     kubelet_kubeconfig,
     prepare_dirs,
 )
-from nmo_sandbox.service_route import route as route_kubernetes_service
 from nmo_sandbox.state import (
     kill_in_order,
     process_refs,
@@ -145,6 +145,7 @@ class Sandbox:
         timeout: float = DEFAULT_TIMEOUT,
         persistent: bool = False,
         binaries: Binaries | None = None,
+        cert_manager: bool = False,
     ) -> None:
         self.layout = Layout(Path(dir).expanduser().resolve())
         self.nodes = nodes
@@ -152,6 +153,9 @@ class Sandbox:
         self._bridge: BridgeNet | None = None
         self._kubelet_ports: dict[str, tuple[int, int]] = {}  # node -> (port, healthz)
         self._pause_tar: Path | None = None
+        self.cert_manager = cert_manager
+        self._cm_bins: certmanager.CertManagerBinaries | None = None
+        self._cm_ports: certmanager.CertManagerPorts | None = None
         self.timeout = timeout
         self.persistent = persistent
         self.timings: dict[str, float] = {}
@@ -255,6 +259,8 @@ class Sandbox:
             check_host_tools()
             for node in self._real():
                 check_socket_paths(node)
+        if self.cert_manager:
+            self._cm_bins = certmanager.find_cert_manager()
         refuse_if_running(self.layout)
         t0 = time.monotonic()
         deadline = t0 + self.timeout
@@ -317,6 +323,9 @@ class Sandbox:
                 deadline,
             )
             self.timings["ready"] = time.monotonic() - t0
+            if self.cert_manager:
+                await self._start_cert_manager(deadline)
+                self.timings["cert-manager"] = time.monotonic() - t0
             self._write_state()
         except BaseException:
             await self.stop()
@@ -515,10 +524,13 @@ class Sandbox:
 
     def _spawn(self, name: str, bins: Binaries) -> None:
         argv = command(name, bins=bins, layout=self.layout, ports=self.ports, pki=self._pki)
+        self._spawn_argv(name, argv, component_env(name, self.layout))
+
+    def _spawn_argv(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         proc = spawn(
             argv,
             log_file=self.log_file(name),
-            env=component_env(name, self.layout),
+            env=env,
             die_with_parent=not self.persistent,
         )
         self._procs[name] = proc
@@ -534,8 +546,6 @@ class Sandbox:
             raise SandboxError(f"containerd config default: {default.stderr.strip()}")
         self._bridge = await asyncio.to_thread(allocate_bridge, str(self.dir), self.real_nodes)
         self._write_state()  # the bridge is recorded before anything can leak
-        # Pods' in-cluster clients dial the kubernetes Service (no kube-proxy here).
-        await asyncio.to_thread(route_kubernetes_service, self._bridge.name, self.ports.apiserver)
         ports = free_ports(2 * self.real_nodes)
         for node in self._real():
             prepare_dirs(node)
@@ -614,12 +624,6 @@ class Sandbox:
         teardown_real_nodes(self.layout.real_dir, bridge)
         self._bridge = None
 
-    def _spawn_argv(self, name: str, argv: list[str]) -> None:
-        proc = spawn(argv, log_file=self.log_file(name), die_with_parent=not self.persistent)
-        self._procs[name] = proc
-        self._refs[name] = ProcessRef.of(proc.pid)
-        self._write_state()
-
     async def _start_component(
         self,
         name: str,
@@ -653,6 +657,65 @@ class Sandbox:
                     log_tail(self.log_file(component)),
                 )
             await asyncio.sleep(_POLL)
+
+    async def _start_cert_manager(self, deadline: float) -> None:
+        """Apply cert-manager's CRDs, start its controller and cainjector, probe them."""
+        assert self._cm_bins is not None
+        crds = str(self._cm_bins.crds_dir)
+        for verb in (
+            ("apply", "--server-side", "--field-manager=nmo-sandbox", "-f", crds),
+            ("wait", "--for=condition=Established", "--timeout=60s", "-f", crds),
+        ):
+            result = await self.kubectl(*verb)
+            if result.returncode != 0:
+                raise SandboxError(f"kubectl {verb[0]} of cert-manager's CRDs: {result.stderr}")
+        self._cm_ports = certmanager.CertManagerPorts(*free_ports(3))
+        argvs = certmanager.commands(
+            self._cm_bins, kubeconfig=self.kubeconfig, ports=self._cm_ports
+        )
+        for name, argv in argvs.items():
+            self._spawn_argv(name, argv, {})
+        ports = self._cm_ports
+        await self._wait(
+            certmanager.CONTROLLER,
+            "cert-manager's controller /livez",
+            lambda: _http_ok(f"http://127.0.0.1:{ports.controller_healthz}/livez"),
+            deadline,
+        )
+        await self._wait(
+            certmanager.CAINJECTOR,
+            "cert-manager's cainjector /metrics",
+            lambda: _http_ok(f"http://127.0.0.1:{ports.cainjector_metrics}/metrics"),
+            deadline,
+        )
+        async with self.client(timeout=5.0) as http:
+            for collection, obj in certmanager.probe_objects():
+                resp = await http.post(collection, json=obj)
+                if resp.status_code not in (201, 409):
+                    raise SandboxError(
+                        f"creating cert-manager's probe {obj['kind']}: "
+                        f"HTTP {resp.status_code} {resp.text}"
+                    )
+            paths = certmanager.probe_paths()
+
+            async def ready(path: str, test: Callable[[dict[str, Any]], bool]) -> bool:
+                resp = await http.get(path)
+                return resp.status_code == 200 and test(resp.json())
+
+            await self._wait(
+                certmanager.CONTROLLER,
+                "cert-manager to issue its probe Certificate",
+                lambda: ready(paths["certificate"], certmanager.certificate_ready),
+                deadline,
+            )
+            await self._wait(
+                certmanager.CAINJECTOR,
+                "cainjector to inject the probe's CA into a webhook configuration",
+                lambda: ready(paths["webhook"], certmanager.injected),
+                deadline,
+            )
+            for kind in ("webhook", "certificate", "issuer", "secret"):
+                await http.delete(paths[kind])
 
     async def _etcd_healthy(self) -> bool:
         async with httpx.AsyncClient(timeout=2.0) as http:
@@ -734,12 +797,18 @@ class Sandbox:
                 "owner_pid": os.getpid(),
                 "written_at": dt.datetime.now(dt.UTC).isoformat(),
                 "timings": self.timings,
+                **self._cert_manager_state(),
                 "components": {
                     name: {**ref.to_json(), "log": str(self.log_file(name))}
                     for name, ref in self._refs.items()
                 },
             },
         )
+
+    def _cert_manager_state(self) -> dict[str, Any]:
+        if self._cm_ports is None:
+            return {}
+        return {"cert_manager": {"version": certmanager.VERSION, "ports": self._cm_ports.to_json()}}
 
     def _kill_sync(self) -> None:
         """Last-resort cleanup for atexit and signal handlers (no event loop)."""
@@ -795,6 +864,7 @@ def up(
     nodes: int = 3,
     *,
     real_nodes: int = 0,
+    cert_manager: bool = False,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> Sandbox:
     """Start a persistent sandbox in ``dir`` that outlives this process.
@@ -802,7 +872,14 @@ def up(
     Synchronous (it runs its own event loop); async code should use
     ``Sandbox(dir, persistent=True).start()`` instead.
     """
-    sandbox = Sandbox(dir, nodes=nodes, real_nodes=real_nodes, timeout=timeout, persistent=True)
+    sandbox = Sandbox(
+        dir,
+        nodes=nodes,
+        real_nodes=real_nodes,
+        timeout=timeout,
+        persistent=True,
+        cert_manager=cert_manager,
+    )
     asyncio.run(sandbox.start())
     return sandbox
 
@@ -889,6 +966,12 @@ def env(dir: Path | str) -> str:
         f"export KUBECONFIG={shlex.quote(state['kubeconfig'])}\n"
         f"export PATH={shlex.quote(state['bin_dir'])}:$PATH\n"
     )
+
+
+async def _http_ok(url: str) -> bool:
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        resp = await http.get(url)
+    return resp.status_code == 200
 
 
 async def _create_kwok_crds(http: httpx.AsyncClient) -> None:

@@ -35,7 +35,6 @@ from pathlib import Path
 
 from nmo_sandbox.errors import SandboxError
 from nmo_sandbox.network import delete_bridge
-from nmo_sandbox.service_route import unroute
 
 __all__ = ["Shim", "find_shims", "mounts_under", "teardown_real_nodes"]
 
@@ -76,7 +75,6 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
         _delete_containers(root)  # anything a dying shim restarted meanwhile
     _unmount_all(base)
     if bridge:
-        unroute(bridge)
         delete_bridge(bridge)
         _remove_cgroups(bridge)
     if _CNI_CACHE.is_dir():
