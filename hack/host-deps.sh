@@ -2,7 +2,8 @@
 # The host tools the sandbox's real nodes and the image build need, installed
 # when missing.
 #
-#   hack/host-deps.sh   (make host-deps; `make image` and `make test` run it)
+#   hack/host-deps.sh          (make host-deps; `make image` and `make test` run it)
+#   hack/host-deps.sh --check  only check: never installs
 #
 # Checked: containerd and ctr, runc, the CNI plugins bridge, host-local and
 # loopback in /usr/lib/cni, buildah, podman, mmdebstrap, iptables, ip. When all
@@ -11,6 +12,13 @@
 # `apt-get update` once if the install fails without package lists); anywhere
 # else it stops with one line naming what is missing and how to get it.
 set -euo pipefail
+
+check_only=false
+case "${1:-}" in
+    "") ;;
+    --check) check_only=true ;;
+    *) echo "usage: $0 [--check]" >&2; exit 2 ;;
+esac
 
 # what to look for -> the Debian/Ubuntu package that provides it
 checks=(
@@ -57,9 +65,11 @@ if [[ -r /etc/os-release ]]; then
     [[ " $os_id " == *" debian "* || " $os_id " == *" ubuntu "* ]] && debian_like=true
 fi
 
-if [[ "$debian_like" != true || "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
+if [[ "$check_only" == true || "$debian_like" != true || "$(id -u)" != 0 ]] ||
+    ! command -v apt-get >/dev/null; then
     why="not root"
     [[ "$debian_like" == true ]] || why="not Debian/Ubuntu"
+    [[ "$check_only" != true ]] || why="--check"
     echo "error: missing host tools: ${missing_tools[*]} (${why}, so not installed here); install the packages ${missing_packages[*]} (Debian/Ubuntu: sudo apt-get install -y --no-install-recommends ${missing_packages[*]}; elsewhere your distribution's equivalents)" >&2
     exit 1
 fi
@@ -70,7 +80,10 @@ export DEBIAN_FRONTEND=noninteractive
 if ! "${install[@]}" >&2; then
     echo "host-deps: install failed; running apt-get update once and retrying" >&2
     apt-get update >&2
-    "${install[@]}" >&2
+    "${install[@]}" >&2 || {
+        echo "error: apt-get could not install ${missing_packages[*]} (see above); install them by hand" >&2
+        exit 1
+    }
 fi
 find_missing
 if ((${#missing_tools[@]})); then
