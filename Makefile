@@ -11,8 +11,11 @@ BUNDLE_VALIDATE := hack/bundle-validate.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
 OLM_OUT ?= build/olm
 IMAGE ?=
+# make image: the base image (default: the Containerfile's pinned
+# python:3.11-slim, or a Debian-built one where that cannot be pulled).
+BASE_IMAGE ?=
 
-.PHONY: all venv sandbox-bin cert-manager-bin lint typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image
+.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle
 
 all: test
 
@@ -33,7 +36,16 @@ sandbox-bin:
 cert-manager-bin:
 	$(CERT_MANAGER_BIN)
 
-.PHONY: bundle-validator bundle
+# The host tools real nodes and the image build need (containerd, runc, CNI
+# plugins, buildah, podman, mmdebstrap, iptables, ip): installed with apt-get
+# on Debian/Ubuntu as root, else one line saying what is missing.
+host-deps:
+	hack/host-deps.sh
+
+# localhost/nmo:dev in containers-storage (buildah); skipped when current.
+image: host-deps
+	BASE_IMAGE='$(BASE_IMAGE)' hack/image.sh
+
 # The operator-framework bundle validator, built from its Go modules into
 # ~/.cache/nmo/build (first build: 330 CPU-seconds with empty Go caches; README).
 bundle-validator:
@@ -48,7 +60,6 @@ lint: $(STAMP) lint-containerfile
 	$(BIN)/ruff check src sandbox tests benchmarks hack
 	$(BIN)/ruff format --check src sandbox tests benchmarks hack
 
-.PHONY: lint-containerfile
 lint-containerfile: $(STAMP)
 	$(BIN)/hadolint Containerfile
 
@@ -70,13 +81,14 @@ layers: $(STAMP)
 unit: $(STAMP) bundle-validator
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) sandbox-bin cert-manager-bin
+integration: $(STAMP) sandbox-bin cert-manager-bin image
 	$(BIN)/pytest tests/integration tests/e2e -q
 
-test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator lint typecheck layers
+test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator image lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider
 
-demo: $(STAMP) sandbox-bin cert-manager-bin
+# The in-cluster story: the image, a real node, cert-manager, the chart.
+demo: $(STAMP) sandbox-bin cert-manager-bin image
 	$(BIN)/nmo-sandbox demo
 
 bench: $(STAMP) sandbox-bin

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Re-pin the Containerfile's base image to the current digest of its tag.
 #
-# The Containerfile names the base as ARG PYTHON_IMAGE=<image>:<tag>@sha256:<digest>.
+# The Containerfile names the base as ARG BASE_IMAGE=<image>:<tag>@sha256:<digest>.
 # This asks the registry for the digest the tag points at now (the multi-arch
 # index, so the pin serves every platform) and rewrites that line. It needs one
 # of skopeo, crane or docker (buildx); review the diff and rebuild after it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-line=$(grep -E '^ARG PYTHON_IMAGE=' Containerfile)
-ref=${line#ARG PYTHON_IMAGE=}
+line=$(grep -E '^ARG BASE_IMAGE=' Containerfile)
+ref=${line#ARG BASE_IMAGE=}
 tag_ref=${ref%@sha256:*}
 
 if command -v skopeo >/dev/null; then
@@ -28,5 +28,5 @@ case "$digest" in
     *) echo "error: unexpected digest for ${tag_ref}: ${digest}" >&2; exit 1 ;;
 esac
 
-sed -i "s|^ARG PYTHON_IMAGE=.*|ARG PYTHON_IMAGE=${tag_ref}@${digest}|" Containerfile
+sed -i "s|^ARG BASE_IMAGE=.*|ARG BASE_IMAGE=${tag_ref}@${digest}|" Containerfile
 echo "${tag_ref} -> ${digest}"

@@ -1,14 +1,18 @@
 """The Containerfile, read as text: what the image is built from and what it ships.
 
-No image is built here (the sandbox has no registry); these checks pin the
-properties a build would otherwise have to prove: a base pinned by digest,
-every pip download hash-checked, no installer left in the images that run,
-and both runnable images non-root.
+No image is built here (tests/integration/test_image.py builds and runs
+one); these checks pin what the text promises on every base: a base pinned
+by digest and swappable by one build argument, every pip download
+hash-checked, no installer left in the images that run, and both runnable
+images non-root. ``make pin-base-image`` is run against a stand-in skopeo.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import shutil
+import subprocess
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +76,28 @@ def registry_bases() -> list[str]:
         if base not in BY_NAME:
             out.append(base)
     return out
+
+
+def test_one_build_argument_names_every_base() -> None:
+    """``--build-arg BASE_IMAGE=...`` (make image's Debian-built base) swaps all of them."""
+    assert set(ARGS) == {"BASE_IMAGE"}
+    for stage in STAGES:
+        assert stage.base in BY_NAME or stage.base == "${BASE_IMAGE}", stage.base
+    assert [s.base for s in STAGES].count("${BASE_IMAGE}") == 2  # build and runtime-base
+
+
+def test_the_pip_ca_is_an_optional_secret_never_stored() -> None:
+    """A private CA reaches pip as a build secret, mounted for one step; no build needs it."""
+    runs = [cmd for stage in STAGES for cmd in stage.args("RUN")]
+    mounts = [m for cmd in runs for m in re.findall(r"--mount=(\S+)", cmd)]
+    assert mounts == ["type=secret,id=pipcert"], mounts  # not required=true
+    (step,) = [cmd for cmd in runs if "--mount=" in cmd]
+    assert "if [ -f /run/secrets/pipcert ]; then export PIP_CERT=/run/secrets/pipcert; fi" in step
+    assert "--require-hashes" in step  # the downloading step is the one that gets it
+    stored = [
+        rest for stage in STAGES for kw, rest in stage.instructions if kw in {"ENV", "COPY", "ADD"}
+    ]
+    assert not [i for i in stored if "pipcert" in i or "PIP_CERT" in i or ".crt" in i], stored
 
 
 def test_every_base_image_is_pinned_by_digest() -> None:
@@ -149,8 +175,20 @@ def test_image_lock_matches_the_project() -> None:
 def test_runnable_images_carry_no_installer() -> None:
     base = BY_NAME["runtime-base"]
     removal = " ".join(base.args("RUN"))
+    # python:3.11-slim: pip, setuptools and wheel under /usr/local; Debian's
+    # python3.11-venv: ensurepip in the stdlib and its wheels in /usr/share.
     assert re.search(r"pip uninstall --yes pip setuptools wheel", removal)
-    assert "ensurepip" in removal
+    assert 'sysconfig.get_path("stdlib"))\')/ensurepip"' in removal
+    assert "/usr/share/python-wheels" in removal
+    # and the build fails if the interpreter can still import any of them
+    check = re.search(r"for m in \(([^)]*)\) if u\.find_spec\(m\)\]; sys\.exit\(", removal)
+    assert check is not None, removal
+    assert set(re.findall(r'"(\w+)"', check.group(1))) == {
+        "pip",
+        "setuptools",
+        "wheel",
+        "ensurepip",
+    }
     for stage in RUNNABLE:
         assert stage.base == "runtime-base"
     build = " ".join(BY_NAME["build"].args("RUN"))
@@ -171,3 +209,28 @@ def test_runnable_images_run_as_a_numeric_non_root_user(stage: Stage) -> None:
     assert not gid or (gid.isdigit() and int(gid) != 0), users[-1]
     last_user = max(i for i, (kw, _) in enumerate(stage.instructions) if kw == "USER")
     assert all(kw != "RUN" for kw, _ in stage.instructions[last_user:]), "RUN after USER"
+
+
+def test_pin_base_image_rewrites_the_base_image_argument(tmp_path: Path) -> None:
+    """hack/pin-base-image.sh pins BASE_IMAGE to the digest of what the registry serves."""
+    (tmp_path / "hack").mkdir()
+    shutil.copy(ROOT / "hack" / "pin-base-image.sh", tmp_path / "hack")
+    shutil.copy(ROOT / "Containerfile", tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    manifest = b'{"manifests": []}'
+    skopeo = bin_dir / "skopeo"  # `skopeo inspect --raw docker://REF` prints the index
+    skopeo.write_text(f"#!/bin/sh\nprintf '%s' '{manifest.decode()}'\n")
+    skopeo.chmod(0o755)
+    done = subprocess.run(
+        [tmp_path / "hack" / "pin-base-image.sh"],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    digest = hashlib.sha256(manifest).hexdigest()
+    tag_ref = ARGS["BASE_IMAGE"].split("@")[0]
+    assert done.stdout.strip() == f"{tag_ref} -> sha256:{digest}"
+    args, _ = parse((tmp_path / "Containerfile").read_text())
+    assert args == {"BASE_IMAGE": f"{tag_ref}@sha256:{digest}"}
