@@ -110,3 +110,11 @@ def test_a_directory_too_long_for_unix_sockets_is_refused() -> None:
     with pytest.raises(SandboxError, match=r"too long for real nodes.*at most"):
         check_socket_paths(RealNode(Path("/tmp/" + "d" * 80) / "real", 1))
     check_socket_paths(RealNode(Path("/tmp/sbx/real"), 1))
+
+
+def test_a_missing_kubelet_names_make_sandbox_bin(tmp_path: Path) -> None:
+    from nmo_sandbox.binaries import Binaries
+    from nmo_sandbox.errors import MissingBinariesError
+
+    with pytest.raises(MissingBinariesError, match=r"real nodes need kubelet.*make sandbox-bin"):
+        Binaries(tmp_path).check_real_nodes()
