@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nmo_sandbox.errors import SandboxError
+from nmo_sandbox.binaries import Binaries
+from nmo_sandbox.errors import MissingBinariesError, SandboxError
 from nmo_sandbox.network import BridgeNet
 from nmo_sandbox.realnodes import (
     RealNode,
@@ -113,8 +114,5 @@ def test_a_directory_too_long_for_unix_sockets_is_refused() -> None:
 
 
 def test_a_missing_kubelet_names_make_sandbox_bin(tmp_path: Path) -> None:
-    from nmo_sandbox.binaries import Binaries
-    from nmo_sandbox.errors import MissingBinariesError
-
     with pytest.raises(MissingBinariesError, match=r"real nodes need kubelet.*make sandbox-bin"):
         Binaries(tmp_path).check_real_nodes()
