@@ -308,6 +308,27 @@ async def test_the_apiserver_calls_a_webhook_service_at_its_pod_ip(
         await kube.delete(f"{path}/{name}")
 
 
+async def test_an_image_not_loaded_is_never_pulled_from_off_the_machine(
+    kube: httpx.AsyncClient, ns: str
+) -> None:
+    """containerd's registry traffic goes to a closed loopback port (realnodes.NO_PULL_PROXY)."""
+    body = pod("pull", "registry.example/never/loaded:1")
+    body["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+    resp = await kube.post(f"/api/v1/namespaces/{ns}/pods", json=body)
+    assert resp.status_code == 201, resp.text
+
+    async def pull_error() -> str:
+        got: Json = (await kube.get(f"/api/v1/namespaces/{ns}/pods/pull")).json()
+        for status in got.get("status", {}).get("containerStatuses") or []:
+            waiting = status.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+                return str(waiting.get("message", ""))
+        return ""
+
+    message = await wait_for(pull_error, timeout=60, what="ErrImagePull")
+    assert "127.0.0.1:9" in message, message
+
+
 async def test_memory_limit_is_enforced(kube: httpx.AsyncClient, ns: str) -> None:
     got = await run_pod(
         kube, ns, pod("hog", PROBE.ref, args=["alloc", "64"], memory="16Mi"), until="Failed"

@@ -93,6 +93,7 @@ from nmo_sandbox.realnodes import (
     cni_conflist,
     containerd_command,
     containerd_config,
+    containerd_env,
     kubelet_command,
     kubelet_config,
     kubelet_kubeconfig,
@@ -544,7 +545,9 @@ class Sandbox:
                 json.dumps(conflist, indent=2) + "\n"
             )
             self._kubelet_ports[node.name] = (ports.pop(), ports.pop())
-            self._spawn_argv(node.containerd_component, containerd_command(node))
+            self._spawn_argv(
+                node.containerd_component, containerd_command(node), env=containerd_env()
+            )
 
     async def _start_kubelets(self, bins: Binaries, deadline: float) -> None:
         """Import the pause image into each containerd, then start the kubelets."""
@@ -611,8 +614,10 @@ class Sandbox:
         teardown_real_nodes(self.layout.real_dir, bridge)
         self._bridge = None
 
-    def _spawn_argv(self, name: str, argv: list[str]) -> None:
-        proc = spawn(argv, log_file=self.log_file(name), die_with_parent=not self.persistent)
+    def _spawn_argv(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+        proc = spawn(
+            argv, log_file=self.log_file(name), env=env, die_with_parent=not self.persistent
+        )
         self._procs[name] = proc
         self._refs[name] = ProcessRef.of(proc.pid)
         self._write_state()

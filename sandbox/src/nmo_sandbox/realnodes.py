@@ -52,6 +52,7 @@ __all__ = [
     "cni_conflist",
     "containerd_command",
     "containerd_config",
+    "containerd_env",
     "kubelet_command",
     "kubelet_config",
     "kubelet_kubeconfig",
@@ -382,6 +383,24 @@ def kubelet_kubeconfig(server: str, ca_file: Path, cert: Path, key: Path, user: 
 
 def containerd_command(node: RealNode) -> list[str]:
     return [shutil.which("containerd") or "containerd", f"--config={node.containerd_config}"]
+
+
+# Images come from `nmo-sandbox load`, never from a registry: every pull goes
+# to a closed loopback port and fails at once, so a pod naming an image that
+# is not loaded sends nothing off this machine (it shows ErrImagePull).
+NO_PULL_PROXY = "http://127.0.0.1:9"
+
+
+def containerd_env() -> dict[str, str]:
+    """containerd's environment: registry traffic to a dead loopback proxy."""
+    return {
+        "HTTP_PROXY": NO_PULL_PROXY,
+        "HTTPS_PROXY": NO_PULL_PROXY,
+        "http_proxy": NO_PULL_PROXY,
+        "https_proxy": NO_PULL_PROXY,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
 
 
 def kubelet_command(kubelet: Path, node: RealNode, *, node_ip: str) -> list[str]:
