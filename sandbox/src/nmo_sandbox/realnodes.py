@@ -341,6 +341,9 @@ def kubelet_config(
         },
         "authorization": {"mode": "Webhook"},
         "clusterDomain": "cluster.local",
+        # No cluster DNS, and not the host's resolvers either (pods reach only
+        # their bridge): pods get an empty resolv.conf.
+        "resolvConf": "",
         # No iptables chains of the kubelet's own on this shared machine.
         "makeIPTablesUtilChains": False,
         # The sandbox shares the machine's disk with everything else: evict only
