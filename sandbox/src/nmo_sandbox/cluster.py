@@ -31,6 +31,7 @@ import asyncio
 import atexit
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import shlex
@@ -151,7 +152,6 @@ class Sandbox:
         self.real_nodes = real_nodes
         self._bridge: BridgeNet | None = None
         self._kubelet_ports: dict[str, tuple[int, int]] = {}  # node -> (port, healthz)
-        self._pause_tar: Path | None = None
         self.timeout = timeout
         self.persistent = persistent
         self.timings: dict[str, float] = {}
@@ -527,8 +527,7 @@ class Sandbox:
 
     async def _start_containerds(self) -> None:
         """Build/cache the pause image, create the bridge, start one containerd per node."""
-        pause_tar = await asyncio.to_thread(build_image, PAUSE)
-        self._pause_tar = pause_tar
+        await asyncio.to_thread(build_image, PAUSE)  # compiled once, then cached
         default = await run_command(["containerd", "config", "default"], timeout=30)
         if default.returncode != 0:
             raise SandboxError(f"containerd config default: {default.stderr.strip()}")
@@ -552,25 +551,16 @@ class Sandbox:
     async def _start_kubelets(self, bins: Binaries, deadline: float) -> None:
         """Import the pause image into each containerd, then start the kubelets."""
         net = self.bridge
-        pause_tar = self._pause_tar or await asyncio.to_thread(build_image, PAUSE)
+        pause_tar = await asyncio.to_thread(build_image, PAUSE)  # cached by _start_containerds
         for node in self._real():
             await self._wait(
                 node.containerd_component,
                 f"{node.containerd_component}'s socket",
-                lambda node=node: _socket_answers(node.socket),  # type: ignore[misc]
+                functools.partial(_socket_answers, node.socket),
                 deadline,
             )
-            res = await run_command(
-                [
-                    "ctr",
-                    f"--address={node.socket}",
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    str(pause_tar),
-                ],
-                timeout=max(5.0, deadline - time.monotonic()),
+            res = await _ctr_import(
+                node.socket, pause_tar, timeout=max(5.0, deadline - time.monotonic())
             )
             if res.returncode != 0:
                 raise ComponentError(
@@ -851,14 +841,19 @@ async def _load_image(sockets: Sequence[Path], ref: str, tmp_dir: Path, *, timeo
         if res.returncode != 0:
             raise SandboxError(f"podman save {ref}: {res.stderr.strip()}")
         for sock in sockets:
-            res = await run_command(
-                ["ctr", f"--address={sock}", "-n", "k8s.io", "images", "import", str(archive)],
-                timeout=timeout,
-            )
+            res = await _ctr_import(sock, archive, timeout=timeout)
             if res.returncode != 0:
                 raise SandboxError(f"importing {ref} into {sock}: {res.stderr.strip()}")
     finally:
         archive.unlink(missing_ok=True)
+
+
+async def _ctr_import(
+    socket: Path, archive: Path, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Import an image archive into a real node's containerd (the CRI's ``k8s.io`` namespace)."""
+    argv = ["ctr", f"--address={socket}", "-n", "k8s.io", "images", "import", str(archive)]
+    return await run_command(argv, timeout=timeout)
 
 
 def _recorded_bridge(layout: Layout) -> str | None:

@@ -1,8 +1,9 @@
 """Real nodes: a kubelet and a containerd of the sandbox's own, per node.
 
-Pure configuration: where each real node keeps its files, the containerd
+Configuration as data: where each real node keeps its files, the containerd
 config (``containerd config default`` patched), the CNI conflist, the
-KubeletConfiguration, the kubelet's kubeconfig and both command lines.
+KubeletConfiguration, the kubelet's kubeconfig and both command lines; plus
+the checks of the host (root, tools, socket path lengths).
 :mod:`nmo_sandbox.cluster` runs them; :mod:`nmo_sandbox.teardown` removes what
 they leave behind.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -45,6 +47,7 @@ from nmo_sandbox.network import BridgeNet
 
 __all__ = [
     "CNI_BIN_DIR",
+    "NO_PULL_PROXY",
     "REAL_NODE_LABEL",
     "RealNode",
     "check_host_tools",
@@ -56,13 +59,13 @@ __all__ = [
     "kubelet_command",
     "kubelet_config",
     "kubelet_kubeconfig",
-    "real_node_names",
+    "patch_toml",
+    "prepare_dirs",
 ]
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # Every real node carries type=real (kwok nodes carry type=kwok).
 REAL_NODE_LABEL = ("type", "real")
-_NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace (fixed)
 _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 _HOST_TOOLS = {
     "containerd": "containerd",
@@ -82,10 +85,6 @@ _DISABLED_PLUGINS = (
     "io.containerd.tracing.processor.v1.otlp",
     "io.containerd.internal.v1.tracing",
 )
-
-
-def real_node_names(count: int) -> list[str]:
-    return [f"real-{k}" for k in range(1, count + 1)]
 
 
 @dataclass(frozen=True)
@@ -190,8 +189,6 @@ def check_socket_paths(node: RealNode) -> None:
 
 def check_host_tools() -> None:
     """Raise :class:`SandboxError` naming every missing host tool and its package."""
-    import os
-
     if os.geteuid() != 0:
         raise SandboxError("real nodes need root (containerd, runc, network namespaces, mounts)")
     missing = {tool: pkg for tool, pkg in _HOST_TOOLS.items() if shutil.which(tool) is None}
@@ -436,7 +433,3 @@ def prepare_dirs(node: RealNode) -> None:
         node.pki_dir,
     ):
         d.mkdir(parents=True, exist_ok=True)
-
-
-def namespace() -> str:
-    return _NAMESPACE

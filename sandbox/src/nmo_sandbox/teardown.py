@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -186,7 +187,7 @@ def _flags(args: list[str]) -> dict[str, str]:
 
 def _unescape(field: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo.
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _wait_gone(pids: list[int], *, timeout: float) -> None:
