@@ -329,7 +329,16 @@ async def test_an_image_not_loaded_is_never_pulled_from_off_the_machine(
     assert "127.0.0.1:9" in message, message
 
 
-async def test_memory_limit_is_enforced(kube: httpx.AsyncClient, ns: str) -> None:
+async def test_memory_limit_is_enforced(real: Sandbox, kube: httpx.AsyncClient, ns: str) -> None:
+    held = await run_pod(kube, ns, pod("holder", PROBE.ref, args=["alloc", "8"], memory="32Mi"))
+
+    async def allocated() -> bool:
+        return "allocated 8 MiB" in (await real.kubectl("logs", "-n", ns, "holder")).stdout
+
+    await wait_for(allocated, timeout=30, what="the probe's allocation")
+    memory = real.container_memory(held["status"]["containerStatuses"][0]["containerID"])
+    assert memory["limit"] == 32 * 2**20, memory
+    assert 8 * 2**20 <= memory["rss"] < 16 * 2**20, memory
     got = await run_pod(
         kube, ns, pod("hog", PROBE.ref, args=["alloc", "64"], memory="16Mi"), until="Failed"
     )
@@ -365,7 +374,8 @@ def leftovers(directory: Path, bridge: str, recorded: Json) -> list[str]:
     for name in [bridge, *recorded["veths"]]:
         if f": {name}:" in links or f": {name}@" in links:
             found.append(f"link {name}")
-    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/{bridge}")]
+    for cid in recorded["container_ids"]:
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/k8s.io/{cid}")]
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
     found += [f"iptables {rule}" for rule in nat.splitlines() if f"-i {bridge} " in rule]
     found += [f"shim {s.pid}" for s in find_shims(directory)]
@@ -381,15 +391,18 @@ def _state(pid: int) -> str:
 
 def record(directory: Path, bridge: str) -> Json:
     """Container pids and veths of a running sandbox, to check for after it stops."""
-    pids = []
+    pids, ids = [], []
     for state in directory.glob("real/*/runc/*/*/state.json"):
         pids.append(int(json.loads(state.read_text())["init_process_pid"]))
+        ids.append(state.parent.name)
+    cgroups = [p for cid in ids for p in Path("/sys/fs/cgroup").glob(f"memory/k8s.io/{cid}")]
     out = subprocess.run(
         ["ip", "-j", "link", "show", "master", bridge], capture_output=True, text=True
     )
     veths = [link["ifname"] for link in json.loads(out.stdout or "[]")]
-    assert pids and veths, (pids, veths)  # the check below must have something to miss
-    return {"container_pids": pids, "veths": veths}
+    # The checks after the stop must have something to miss.
+    assert pids and veths and len(cgroups) == len(ids), (pids, veths, cgroups)
+    return {"container_pids": pids, "container_ids": ids, "veths": veths}
 
 
 async def test_stop_leaves_nothing_behind(real: Sandbox, kube: httpx.AsyncClient) -> None:

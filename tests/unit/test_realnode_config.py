@@ -89,7 +89,6 @@ def test_kubelet_config_carries_this_machines_cgroup_v1_settings(tmp_path: Path)
         node_ip="10.160.0.2",
         port=1,
         healthz_port=2,
-        cgroup_root="/nmo-sb0/real-1",
         ca_file=tmp_path / "ca.crt",
         serving_cert=tmp_path / "k.crt",
         serving_key=tmp_path / "k.key",

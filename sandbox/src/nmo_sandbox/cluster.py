@@ -350,6 +350,26 @@ class Sandbox:
                     name, f"{name} exited with code {code}", log_tail(self.log_file(name))
                 )
 
+    def container_memory(self, container_id: str) -> dict[str, int]:
+        """A real-node container's memory cgroup figures in bytes: rss, usage, limit.
+
+        ``container_id`` as in a pod's ``status.containerStatuses[].containerID``
+        (``containerd://<id>``) or bare. cgroup v1: ``/sys/fs/cgroup/memory/k8s.io/<id>``.
+        """
+        cid = container_id.rsplit("://", 1)[-1]
+        cgroup = Path("/sys/fs/cgroup/memory/k8s.io") / cid
+        try:
+            stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+            usage = int((cgroup / "memory.usage_in_bytes").read_text())
+            limit = int((cgroup / "memory.limit_in_bytes").read_text())
+        except OSError as exc:
+            raise SandboxError(f"no memory cgroup for container {cid}: {exc}") from exc
+        return {
+            "rss": int(stat.get("total_rss", stat.get("rss", 0))),
+            "usage": usage,
+            "limit": limit,
+        }
+
     def rss_kib(self) -> dict[str, int]:
         """Resident memory of each running component in KiB (from /proc)."""
         out: dict[str, int] = {}
@@ -589,7 +609,6 @@ class Sandbox:
                 node_ip=node_ip,
                 port=port,
                 healthz_port=healthz,
-                cgroup_root=f"/{net.name}/{node.name}",
                 ca_file=self.ca_file,
                 serving_cert=serving.cert_file,
                 serving_key=serving.key_file,

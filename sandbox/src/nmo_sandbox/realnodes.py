@@ -300,16 +300,15 @@ def kubelet_config(
     node_ip: str,
     port: int,
     healthz_port: int,
-    cgroup_root: str,
     ca_file: Path,
     serving_cert: Path,
     serving_key: Path,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for this machine (cgroup v1, no systemd).
 
-    ``cgroup_root`` is the pods' cgroup parent (without per-QoS cgroups the
-    kubelet hands it to the runtime as is): one per node and sandbox, so the
-    containers' cgroups are the sandbox's own and ``down`` can remove them.
+    Without per-QoS cgroups the kubelet gives the runtime no cgroup parent
+    (``cgroupRoot`` only names a cgroup it then fails to find stats for), so
+    containerd puts each container in ``/k8s.io/<container id>``.
     """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -317,7 +316,6 @@ def kubelet_config(
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
-        "cgroupRoot": cgroup_root,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "address": node_ip,

@@ -14,10 +14,9 @@ stay. In order:
    namespaces kept under the containerd state dir, the kubelet's tmpfs
    volumes) is detached, deepest first, which frees the namespaces and their
    veths;
-4. the bridge and any veth still on it are deleted, the pods' cgroup tree
-   ``/<bridge>/`` (the kubelets' ``cgroupRoot``) removed in every hierarchy, and
-   the CNI result cache entries of its pods
-   (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed.
+4. the containers' cgroups (``/k8s.io/<id>``) still there are removed, the
+   bridge and any veth still on it are deleted, and the CNI result cache
+   entries of its pods (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ _MNT_DETACH = 2
 _SHIM_SOCKET_DIR = Path("/run/containerd/s")
 _CNI_CACHE = Path("/var/lib/cni/results")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_NAMESPACE = "k8s.io"  # containerd's CRI namespace: its cgroup parent by default
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,9 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
     for root in sorted(base.glob("*/runc/*")):
         _delete_containers(root)  # anything a dying shim restarted meanwhile
     _unmount_all(base)
+    _remove_cgroups(ids)
     if bridge:
         delete_bridge(bridge)
-        _remove_cgroups(bridge)
     if _CNI_CACHE.is_dir():
         for entry in _CNI_CACHE.iterdir():
             if (bridge and entry.name.startswith(f"{bridge}-")) or any(
@@ -145,15 +145,15 @@ def _delete_containers(root: Path) -> None:
                 )
 
 
-def _remove_cgroups(bridge: str) -> None:
-    """Remove the (now empty) pod cgroups ``/<bridge>/...`` in every hierarchy."""
-    for top in _CGROUP_ROOT.glob(f"*/{bridge}"):
-        for d in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
-            if d.is_dir():
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+def _remove_cgroups(ids: set[str]) -> None:
+    """Remove the containers' (now empty) cgroups ``/k8s.io/<id>`` in every hierarchy.
+
+    ``runc delete`` removes them; this catches containers whose runc state was lost.
+    """
+    for hierarchy in _CGROUP_ROOT.iterdir():
+        for cid in ids:
+            with contextlib.suppress(OSError):
+                (hierarchy / _NAMESPACE / cid).rmdir()
 
 
 def _unmount_all(base: Path) -> None:
