@@ -379,7 +379,20 @@ def leftovers(directory: Path, bridge: str, recorded: Json) -> list[str]:
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
     found += [f"iptables {rule}" for rule in nat.splitlines() if f"-i {bridge} " in rule]
     found += [f"shim {s.pid}" for s in find_shims(directory)]
+    kubelets = [
+        e for e in Path("/proc").glob("[0-9]*/comm") if _read(e).strip() == "kubelet"
+    ]  # another sandbox's kubelet shares the socket (teardown.py)
+    sock = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+    if not kubelets and sock.exists():
+        found.append(f"socket {sock}")
     return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _state(pid: int) -> str:

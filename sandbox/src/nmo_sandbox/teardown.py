@@ -16,7 +16,9 @@ stay. In order:
    veths;
 4. the containers' cgroups (``/k8s.io/<id>``) still there are removed, the
    bridge and any veth still on it are deleted, and the CNI result cache
-   entries of its pods (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed.
+   entries of its pods (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed;
+5. the kubelet's device-plugin socket, the one path outside ``DIR`` a kubelet
+   insists on, is removed once no kubelet runs on the machine any more.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ _MNT_DETACH = 2
 _SHIM_SOCKET_DIR = Path("/run/containerd/s")
 _CNI_CACHE = Path("/var/lib/cni/results")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
 _NAMESPACE = "k8s.io"  # containerd's CRI namespace: its cgroup parent by default
 
 
@@ -76,6 +79,7 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
         _delete_containers(root)  # anything a dying shim restarted meanwhile
     _unmount_all(base)
     _remove_cgroups(ids)
+    _remove_device_plugin_socket()
     if bridge:
         delete_bridge(bridge)
     if _CNI_CACHE.is_dir():
@@ -154,6 +158,22 @@ def _remove_cgroups(ids: set[str]) -> None:
         for cid in ids:
             with contextlib.suppress(OSError):
                 (hierarchy / _NAMESPACE / cid).rmdir()
+
+
+def _remove_device_plugin_socket() -> None:
+    """Remove the kubelet's device-plugin socket once no kubelet runs on the machine.
+
+    Its path is hard-coded in the kubelet (``/var/lib/kubelet/device-plugins/``,
+    not below ``--root-dir``), so every real node of every sandbox shares it.
+    """
+    if any(os.path.basename(argv[0]) == "kubelet" for _, argv in _processes() if argv):
+        return
+    sock = _DEVICE_PLUGINS / "kubelet.sock"
+    if sock.is_socket():
+        sock.unlink(missing_ok=True)
+    for d in (_DEVICE_PLUGINS, _DEVICE_PLUGINS.parent):
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only when empty: nothing else's files are touched
 
 
 def _unmount_all(base: Path) -> None:
