@@ -308,7 +308,37 @@ async def test_the_apiserver_calls_a_webhook_service_at_its_pod_ip(
         await kube.delete(f"{path}/{name}")
 
 
-async def test_memory_limit_is_enforced(kube: httpx.AsyncClient, ns: str) -> None:
+async def test_an_image_not_loaded_is_never_pulled_from_off_the_machine(
+    kube: httpx.AsyncClient, ns: str
+) -> None:
+    """containerd's registry traffic goes to a closed loopback port (realnodes.NO_PULL_PROXY)."""
+    body = pod("pull", "registry.example/never/loaded:1")
+    body["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+    resp = await kube.post(f"/api/v1/namespaces/{ns}/pods", json=body)
+    assert resp.status_code == 201, resp.text
+
+    async def pull_error() -> str:
+        got: Json = (await kube.get(f"/api/v1/namespaces/{ns}/pods/pull")).json()
+        for status in got.get("status", {}).get("containerStatuses") or []:
+            waiting = status.get("state", {}).get("waiting") or {}
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+                return str(waiting.get("message", ""))
+        return ""
+
+    message = await wait_for(pull_error, timeout=60, what="ErrImagePull")
+    assert "127.0.0.1:9" in message, message
+
+
+async def test_memory_limit_is_enforced(real: Sandbox, kube: httpx.AsyncClient, ns: str) -> None:
+    held = await run_pod(kube, ns, pod("holder", PROBE.ref, args=["alloc", "8"], memory="32Mi"))
+
+    async def allocated() -> bool:
+        return "allocated 8 MiB" in (await real.kubectl("logs", "-n", ns, "holder")).stdout
+
+    await wait_for(allocated, timeout=30, what="the probe's allocation")
+    memory = real.container_memory(held["status"]["containerStatuses"][0]["containerID"])
+    assert memory["limit"] == 32 * 2**20, memory
+    assert 8 * 2**20 <= memory["rss"] < 16 * 2**20, memory
     got = await run_pod(
         kube, ns, pod("hog", PROBE.ref, args=["alloc", "64"], memory="16Mi"), until="Failed"
     )
@@ -344,11 +374,25 @@ def leftovers(directory: Path, bridge: str, recorded: Json) -> list[str]:
     for name in [bridge, *recorded["veths"]]:
         if f": {name}:" in links or f": {name}@" in links:
             found.append(f"link {name}")
-    found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/{bridge}")]
+    for cid in recorded["container_ids"]:
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/k8s.io/{cid}")]
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
     found += [f"iptables {rule}" for rule in nat.splitlines() if f"-i {bridge} " in rule]
     found += [f"shim {s.pid}" for s in find_shims(directory)]
+    kubelets = [
+        e for e in Path("/proc").glob("[0-9]*/comm") if _read(e).strip() == "kubelet"
+    ]  # another sandbox's kubelet shares the socket (teardown.py)
+    sock = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+    if not kubelets and sock.exists():
+        found.append(f"socket {sock}")
     return found
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _state(pid: int) -> str:
@@ -360,15 +404,18 @@ def _state(pid: int) -> str:
 
 def record(directory: Path, bridge: str) -> Json:
     """Container pids and veths of a running sandbox, to check for after it stops."""
-    pids = []
+    pids, ids = [], []
     for state in directory.glob("real/*/runc/*/*/state.json"):
         pids.append(int(json.loads(state.read_text())["init_process_pid"]))
+        ids.append(state.parent.name)
+    cgroups = [p for cid in ids for p in Path("/sys/fs/cgroup").glob(f"memory/k8s.io/{cid}")]
     out = subprocess.run(
         ["ip", "-j", "link", "show", "master", bridge], capture_output=True, text=True
     )
     veths = [link["ifname"] for link in json.loads(out.stdout or "[]")]
-    assert pids and veths, (pids, veths)  # the check below must have something to miss
-    return {"container_pids": pids, "veths": veths}
+    # The checks after the stop must have something to miss.
+    assert pids and veths and len(cgroups) == len(ids), (pids, veths, cgroups)
+    return {"container_pids": pids, "container_ids": ids, "veths": veths}
 
 
 async def test_stop_leaves_nothing_behind(real: Sandbox, kube: httpx.AsyncClient) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nmo_sandbox.errors import SandboxError
+from nmo_sandbox.binaries import Binaries
+from nmo_sandbox.errors import MissingBinariesError, SandboxError
 from nmo_sandbox.network import BridgeNet
 from nmo_sandbox.realnodes import (
     RealNode,
@@ -88,7 +89,6 @@ def test_kubelet_config_carries_this_machines_cgroup_v1_settings(tmp_path: Path)
         node_ip="10.160.0.2",
         port=1,
         healthz_port=2,
-        cgroup_root="/nmo-sb0/real-1",
         ca_file=tmp_path / "ca.crt",
         serving_cert=tmp_path / "k.crt",
         serving_key=tmp_path / "k.key",
@@ -110,3 +110,8 @@ def test_a_directory_too_long_for_unix_sockets_is_refused() -> None:
     with pytest.raises(SandboxError, match=r"too long for real nodes.*at most"):
         check_socket_paths(RealNode(Path("/tmp/" + "d" * 80) / "real", 1))
     check_socket_paths(RealNode(Path("/tmp/sbx/real"), 1))
+
+
+def test_a_missing_kubelet_names_make_sandbox_bin(tmp_path: Path) -> None:
+    with pytest.raises(MissingBinariesError, match=r"real nodes need kubelet.*make sandbox-bin"):
+        Binaries(tmp_path).check_real_nodes()

@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="real nodes real-1..real-M (label type=real): a kubelet and a containerd each "
         "on a bridge of the sandbox's own; needs root, containerd, runc, CNI plugins and "
         "`make sandbox-bin`'s kubelet. Cost: about 120 MiB per node (kubelet 77, "
-        "containerd 43); start-up barely longer (a node is Ready about 2 s after the "
-        "apiserver); load images with `nmo-sandbox load`",
+        "containerd 43) and 2-5 s more start-up (a node is Ready about 2 s after its "
+        "kubelet starts); load images with `nmo-sandbox load`",
     )
     up.add_argument(
         "--cert-manager",

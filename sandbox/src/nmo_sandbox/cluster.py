@@ -31,6 +31,7 @@ import asyncio
 import atexit
 import contextlib
 import datetime as dt
+import functools
 import json
 import os
 import shlex
@@ -94,6 +95,7 @@ from nmo_sandbox.realnodes import (
     cni_conflist,
     containerd_command,
     containerd_config,
+    containerd_env,
     kubelet_command,
     kubelet_config,
     kubelet_kubeconfig,
@@ -152,7 +154,6 @@ class Sandbox:
         self.real_nodes = real_nodes
         self._bridge: BridgeNet | None = None
         self._kubelet_ports: dict[str, tuple[int, int]] = {}  # node -> (port, healthz)
-        self._pause_tar: Path | None = None
         self.cert_manager = cert_manager
         self._cm_bins: certmanager.CertManagerBinaries | None = None
         self._cm_ports: certmanager.CertManagerPorts | None = None
@@ -359,6 +360,26 @@ class Sandbox:
                     name, f"{name} exited with code {code}", log_tail(self.log_file(name))
                 )
 
+    def container_memory(self, container_id: str) -> dict[str, int]:
+        """A real-node container's memory cgroup figures in bytes: rss, usage, limit.
+
+        ``container_id`` as in a pod's ``status.containerStatuses[].containerID``
+        (``containerd://<id>``) or bare. cgroup v1: ``/sys/fs/cgroup/memory/k8s.io/<id>``.
+        """
+        cid = container_id.rsplit("://", 1)[-1]
+        cgroup = Path("/sys/fs/cgroup/memory/k8s.io") / cid
+        try:
+            stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
+            usage = int((cgroup / "memory.usage_in_bytes").read_text())
+            limit = int((cgroup / "memory.limit_in_bytes").read_text())
+        except OSError as exc:
+            raise SandboxError(f"no memory cgroup for container {cid}: {exc}") from exc
+        return {
+            "rss": int(stat.get("total_rss", stat.get("rss", 0))),
+            "usage": usage,
+            "limit": limit,
+        }
+
     def rss_kib(self) -> dict[str, int]:
         """Resident memory of each running component in KiB (from /proc)."""
         out: dict[str, int] = {}
@@ -539,8 +560,7 @@ class Sandbox:
 
     async def _start_containerds(self) -> None:
         """Build/cache the pause image, create the bridge, start one containerd per node."""
-        pause_tar = await asyncio.to_thread(build_image, PAUSE)
-        self._pause_tar = pause_tar
+        await asyncio.to_thread(build_image, PAUSE)  # compiled once, then cached
         default = await run_command(["containerd", "config", "default"], timeout=30)
         if default.returncode != 0:
             raise SandboxError(f"containerd config default: {default.stderr.strip()}")
@@ -557,30 +577,23 @@ class Sandbox:
                 json.dumps(conflist, indent=2) + "\n"
             )
             self._kubelet_ports[node.name] = (ports.pop(), ports.pop())
-            self._spawn_argv(node.containerd_component, containerd_command(node))
+            self._spawn_argv(
+                node.containerd_component, containerd_command(node), env=containerd_env()
+            )
 
     async def _start_kubelets(self, bins: Binaries, deadline: float) -> None:
         """Import the pause image into each containerd, then start the kubelets."""
         net = self.bridge
-        pause_tar = self._pause_tar or await asyncio.to_thread(build_image, PAUSE)
+        pause_tar = await asyncio.to_thread(build_image, PAUSE)  # cached by _start_containerds
         for node in self._real():
             await self._wait(
                 node.containerd_component,
                 f"{node.containerd_component}'s socket",
-                lambda node=node: _socket_answers(node.socket),  # type: ignore[misc]
+                functools.partial(_socket_answers, node.socket),
                 deadline,
             )
-            res = await run_command(
-                [
-                    "ctr",
-                    f"--address={node.socket}",
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    str(pause_tar),
-                ],
-                timeout=max(5.0, deadline - time.monotonic()),
+            res = await _ctr_import(
+                node.socket, pause_tar, timeout=max(5.0, deadline - time.monotonic())
             )
             if res.returncode != 0:
                 raise ComponentError(
@@ -609,7 +622,6 @@ class Sandbox:
                 node_ip=node_ip,
                 port=port,
                 healthz_port=healthz,
-                cgroup_root=f"/{net.name}/{node.name}",
                 ca_file=self.ca_file,
                 serving_cert=serving.cert_file,
                 serving_key=serving.key_file,
@@ -926,14 +938,19 @@ async def _load_image(sockets: Sequence[Path], ref: str, tmp_dir: Path, *, timeo
         if res.returncode != 0:
             raise SandboxError(f"podman save {ref}: {res.stderr.strip()}")
         for sock in sockets:
-            res = await run_command(
-                ["ctr", f"--address={sock}", "-n", "k8s.io", "images", "import", str(archive)],
-                timeout=timeout,
-            )
+            res = await _ctr_import(sock, archive, timeout=timeout)
             if res.returncode != 0:
                 raise SandboxError(f"importing {ref} into {sock}: {res.stderr.strip()}")
     finally:
         archive.unlink(missing_ok=True)
+
+
+async def _ctr_import(
+    socket: Path, archive: Path, *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Import an image archive into a real node's containerd (the CRI's ``k8s.io`` namespace)."""
+    argv = ["ctr", f"--address={socket}", "-n", "k8s.io", "images", "import", str(archive)]
+    return await run_command(argv, timeout=timeout)
 
 
 def _recorded_bridge(layout: Layout) -> str | None:

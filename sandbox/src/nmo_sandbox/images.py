@@ -9,7 +9,7 @@ and ``podman load`` read. No build tool or containers-storage is involved.
 Tarballs are cached in ``<nmo cache>/images/<name>-<hash>.tar``, the hash
 covering the C source and the compiler flags, so a changed source makes a new
 image and an unchanged one is built once per machine (written to a temporary
-name, then renamed).
+name, then renamed; the previous source's tarball is removed).
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ def build_image(image: StaticImage, *, cache_dir: Path | None = None) -> Path:
         partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
         partial.write_bytes(_docker_archive(image, binary.read_bytes()))
         partial.replace(target)
+    for old in out_dir.glob(f"{name}-*.tar"):
+        if old != target:
+            old.unlink(missing_ok=True)  # an earlier source's image
     return target
 
 

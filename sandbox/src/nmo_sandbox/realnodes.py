@@ -1,8 +1,9 @@
 """Real nodes: a kubelet and a containerd of the sandbox's own, per node.
 
-Pure configuration: where each real node keeps its files, the containerd
+Configuration as data: where each real node keeps its files, the containerd
 config (``containerd config default`` patched), the CNI conflist, the
-KubeletConfiguration, the kubelet's kubeconfig and both command lines.
+KubeletConfiguration, the kubelet's kubeconfig and both command lines; plus
+the checks of the host (root, tools, socket path lengths).
 :mod:`nmo_sandbox.cluster` runs them; :mod:`nmo_sandbox.teardown` removes what
 they leave behind.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -45,6 +47,7 @@ from nmo_sandbox.network import BridgeNet
 
 __all__ = [
     "CNI_BIN_DIR",
+    "NO_PULL_PROXY",
     "REAL_NODE_LABEL",
     "RealNode",
     "check_host_tools",
@@ -52,16 +55,17 @@ __all__ = [
     "cni_conflist",
     "containerd_command",
     "containerd_config",
+    "containerd_env",
     "kubelet_command",
     "kubelet_config",
     "kubelet_kubeconfig",
-    "real_node_names",
+    "patch_toml",
+    "prepare_dirs",
 ]
 
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # Every real node carries type=real (kwok nodes carry type=kwok).
 REAL_NODE_LABEL = ("type", "real")
-_NAMESPACE = "k8s.io"  # the CRI plugin's containerd namespace (fixed)
 _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 _HOST_TOOLS = {
     "containerd": "containerd",
@@ -81,10 +85,6 @@ _DISABLED_PLUGINS = (
     "io.containerd.tracing.processor.v1.otlp",
     "io.containerd.internal.v1.tracing",
 )
-
-
-def real_node_names(count: int) -> list[str]:
-    return [f"real-{k}" for k in range(1, count + 1)]
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,6 @@ def check_socket_paths(node: RealNode) -> None:
 
 def check_host_tools() -> None:
     """Raise :class:`SandboxError` naming every missing host tool and its package."""
-    import os
-
     if os.geteuid() != 0:
         raise SandboxError("real nodes need root (containerd, runc, network namespaces, mounts)")
     missing = {tool: pkg for tool, pkg in _HOST_TOOLS.items() if shutil.which(tool) is None}
@@ -302,16 +300,15 @@ def kubelet_config(
     node_ip: str,
     port: int,
     healthz_port: int,
-    cgroup_root: str,
     ca_file: Path,
     serving_cert: Path,
     serving_key: Path,
 ) -> dict[str, Any]:
     """The KubeletConfiguration for this machine (cgroup v1, no systemd).
 
-    ``cgroup_root`` is the pods' cgroup parent (without per-QoS cgroups the
-    kubelet hands it to the runtime as is): one per node and sandbox, so the
-    containers' cgroups are the sandbox's own and ``down`` can remove them.
+    Without per-QoS cgroups the kubelet gives the runtime no cgroup parent
+    (``cgroupRoot`` only names a cgroup it then fails to find stats for), so
+    containerd puts each container in ``/k8s.io/<container id>``.
     """
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -319,7 +316,6 @@ def kubelet_config(
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         "cgroupsPerQOS": False,
-        "cgroupRoot": cgroup_root,
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "address": node_ip,
@@ -340,6 +336,9 @@ def kubelet_config(
         },
         "authorization": {"mode": "Webhook"},
         "clusterDomain": "cluster.local",
+        # No cluster DNS, and not the host's resolvers either (pods reach only
+        # their bridge): pods get an empty resolv.conf.
+        "resolvConf": "",
         # No iptables chains of the kubelet's own on this shared machine.
         "makeIPTablesUtilChains": False,
         # The sandbox shares the machine's disk with everything else: evict only
@@ -387,6 +386,24 @@ def containerd_command(node: RealNode) -> list[str]:
     return [shutil.which("containerd") or "containerd", f"--config={node.containerd_config}"]
 
 
+# Images come from `nmo-sandbox load`, never from a registry: every pull goes
+# to a closed loopback port and fails at once, so a pod naming an image that
+# is not loaded sends nothing off this machine (it shows ErrImagePull).
+NO_PULL_PROXY = "http://127.0.0.1:9"
+
+
+def containerd_env() -> dict[str, str]:
+    """containerd's environment: registry traffic to a dead loopback proxy."""
+    return {
+        "HTTP_PROXY": NO_PULL_PROXY,
+        "HTTPS_PROXY": NO_PULL_PROXY,
+        "http_proxy": NO_PULL_PROXY,
+        "https_proxy": NO_PULL_PROXY,
+        "NO_PROXY": "",
+        "no_proxy": "",
+    }
+
+
 def kubelet_command(kubelet: Path, node: RealNode, *, node_ip: str) -> list[str]:
     key, value = REAL_NODE_LABEL
     return [
@@ -417,7 +434,3 @@ def prepare_dirs(node: RealNode) -> None:
         node.pki_dir,
     ):
         d.mkdir(parents=True, exist_ok=True)
-
-
-def namespace() -> str:
-    return _NAMESPACE

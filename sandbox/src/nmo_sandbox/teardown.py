@@ -14,10 +14,11 @@ stay. In order:
    namespaces kept under the containerd state dir, the kubelet's tmpfs
    volumes) is detached, deepest first, which frees the namespaces and their
    veths;
-4. the bridge and any veth still on it are deleted, the pods' cgroup tree
-   ``/<bridge>/`` (the kubelets' ``cgroupRoot``) removed in every hierarchy, and
-   the CNI result cache entries of its pods
-   (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed.
+4. the containers' cgroups (``/k8s.io/<id>``) still there are removed, the
+   bridge and any veth still on it are deleted, and the CNI result cache
+   entries of its pods (``/var/lib/cni/results/<network>-<id>-<ifname>``) removed;
+5. the kubelet's device-plugin socket, the one path outside ``DIR`` a kubelet
+   insists on, is removed once no kubelet runs on the machine any more.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,6 +44,8 @@ _MNT_DETACH = 2
 _SHIM_SOCKET_DIR = Path("/run/containerd/s")
 _CNI_CACHE = Path("/var/lib/cni/results")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")
+_NAMESPACE = "k8s.io"  # containerd's CRI namespace: its cgroup parent by default
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,10 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
     for root in sorted(base.glob("*/runc/*")):
         _delete_containers(root)  # anything a dying shim restarted meanwhile
     _unmount_all(base)
+    _remove_cgroups(ids)
+    _remove_device_plugin_socket()
     if bridge:
         delete_bridge(bridge)
-        _remove_cgroups(bridge)
     if _CNI_CACHE.is_dir():
         for entry in _CNI_CACHE.iterdir():
             if (bridge and entry.name.startswith(f"{bridge}-")) or any(
@@ -144,15 +149,31 @@ def _delete_containers(root: Path) -> None:
                 )
 
 
-def _remove_cgroups(bridge: str) -> None:
-    """Remove the (now empty) pod cgroups ``/<bridge>/...`` in every hierarchy."""
-    for top in _CGROUP_ROOT.glob(f"*/{bridge}"):
-        for d in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
-            if d.is_dir():
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+def _remove_cgroups(ids: set[str]) -> None:
+    """Remove the containers' (now empty) cgroups ``/k8s.io/<id>`` in every hierarchy.
+
+    ``runc delete`` removes them; this catches containers whose runc state was lost.
+    """
+    for hierarchy in _CGROUP_ROOT.iterdir():
+        for cid in ids:
+            with contextlib.suppress(OSError):
+                (hierarchy / _NAMESPACE / cid).rmdir()
+
+
+def _remove_device_plugin_socket() -> None:
+    """Remove the kubelet's device-plugin socket once no kubelet runs on the machine.
+
+    Its path is hard-coded in the kubelet (``/var/lib/kubelet/device-plugins/``,
+    not below ``--root-dir``), so every real node of every sandbox shares it.
+    """
+    if any(os.path.basename(argv[0]) == "kubelet" for _, argv in _processes() if argv):
+        return
+    sock = _DEVICE_PLUGINS / "kubelet.sock"
+    if sock.is_socket():
+        sock.unlink(missing_ok=True)
+    for d in (_DEVICE_PLUGINS, _DEVICE_PLUGINS.parent):
         with contextlib.suppress(OSError):
-            top.rmdir()
+            d.rmdir()  # only when empty: nothing else's files are touched
 
 
 def _unmount_all(base: Path) -> None:
@@ -186,7 +207,7 @@ def _flags(args: list[str]) -> dict[str, str]:
 
 def _unescape(field: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo.
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _wait_gone(pids: list[int], *, timeout: float) -> None:
