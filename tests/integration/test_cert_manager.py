@@ -244,3 +244,39 @@ async def test_troubleshooting_3a_commands_hold(installed: Installed) -> None:
     assert shown.stdout.startswith("subject=") and "CN" in shown.stdout, shown.stdout
     assert "node-maintenance-operator-ca" in shown.stdout, shown.stdout
     assert "notAfter=" in shown.stdout
+
+
+async def test_renewal_on_schedule_from_the_charts_duration_values(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """webhook.certManager.duration/renewBefore reach the Certificate and cert-manager
+    renews on its own schedule: 1h with renewBefore 59m57s (the smallest values its
+    webhook admits) renews 3 s after each issuance, no trigger needed."""
+    kube = installed.kube
+    before = await ready_certificate(kube, installed.certificate, 1)
+    bundle = await injected_bundles(kube)
+    short = [
+        "--set", "webhook.certManager.duration=1h",
+        "--set", "webhook.certManager.renewBefore=59m57s",
+    ]  # fmt: skip
+    home = tmp_path / "helm"
+    upgraded = await installed.sandbox.helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, *short, home=home, timeout=120
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
+    try:
+        seen = await ready_certificate(kube, installed.certificate, before["status"]["revision"])
+        assert seen["spec"]["renewBefore"] == "59m57s"
+        # Two more issuances after the one the new duration causes: on schedule.
+        revision = before["status"]["revision"] + 3
+        renewed = await ready_certificate(kube, installed.certificate, revision)
+        files = await secret_files(kube, renewed["spec"]["secretName"])
+        cert = check_issued(files, bundle[0])
+        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+        assert lifetime == dt.timedelta(hours=1), lifetime
+        assert await injected_bundles(kube) == bundle
+    finally:
+        restored = await installed.sandbox.helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, home=home, timeout=120
+        )
+        assert restored.returncode == 0, restored.stderr
