@@ -65,6 +65,11 @@ command -v git >/dev/null 2>&1 \
   || die "git is not installed; it is needed to read cert-manager's cmd/ sources at $VERSION (apt-get install git)"
 
 mkdir -p "$BIN_DIR" "$WORK_DIR"
+# One build at a time per version (parallel `make test` runs share the cache);
+# a run that waited here finds the binaries and is done.
+exec 9>"$WORK_DIR/.lock"
+flock 9
+if all_present; then echo "$BIN_DIR"; exit 0; fi
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 total0=$SECONDS
 SRC="$WORK_DIR/src"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,8 +31,8 @@ from operator_fixtures import wait_for
 
 from nmo.api import constants as c
 from nmo_sandbox import MissingBinariesError, Sandbox, find_binaries
-from nmo_sandbox.certmanager import find_cert_manager
-from nmo_sandbox.process import run_command
+from nmo_sandbox.certmanager import COMPONENTS, PROBE_NAME, find_cert_manager
+from nmo_sandbox.process import ProcessRef, run_command
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +51,42 @@ class Installed:
     sandbox: Sandbox
     kube: httpx.AsyncClient
     certificate: str  # the serving Certificate the webhook configuration injects from
+
+
+async def test_cli_up_records_cert_manager_and_down_stops_it(tmp_path: Path) -> None:
+    """``nmo-sandbox up --cert-manager`` returns (its Python process is gone) with
+    cert-manager running and recorded; ``down`` from another process stops it.
+
+    First in the module, so it never runs beside the module's sandbox.
+    """
+    directory = tmp_path / "sbx"
+    cli = [sys.executable, "-m", "nmo_sandbox.cli"]
+    up = await run_command(
+        [*cli, "up", "--dir", str(directory), "--nodes", "1", "--cert-manager"], timeout=300
+    )
+    try:
+        assert up.returncode == 0, up.stderr
+        state = json.loads((directory / "state.json").read_text())
+        refs = {name: ProcessRef.from_json(state["components"][name]) for name in COMPONENTS}
+        assert all(ref.alive() for ref in refs.values()), refs
+        assert set(state["cert_manager"]["ports"]) == {
+            "controller_metrics", "controller_healthz", "cainjector_metrics",
+        }  # fmt: skip
+        for name in COMPONENTS:
+            assert (directory / "logs" / f"{name}.log").read_text().strip()
+        probe = await run_command(
+            [str(find_binaries().path("kubectl")), f"--kubeconfig={directory / 'kubeconfig'}",
+             "get", "validatingwebhookconfigurations,certificates.cert-manager.io",
+             "-A", "-o", "name"],
+            timeout=30,
+        )  # fmt: skip
+        assert probe.returncode == 0, probe.stderr
+        assert PROBE_NAME not in probe.stdout, "the readiness probe's objects were left behind"
+    finally:
+        down = await run_command([*cli, "down", "--dir", str(directory)], timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert not any(ref.alive() for ref in refs.values())
+    assert not directory.exists()
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +244,39 @@ async def test_troubleshooting_3a_commands_hold(installed: Installed) -> None:
     assert shown.stdout.startswith("subject=") and "CN" in shown.stdout, shown.stdout
     assert "node-maintenance-operator-ca" in shown.stdout, shown.stdout
     assert "notAfter=" in shown.stdout
+
+
+async def test_renewal_on_schedule_from_the_charts_duration_values(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """webhook.certManager.duration/renewBefore reach the Certificate and cert-manager
+    renews on its own schedule: 1h with renewBefore 59m57s (the smallest values its
+    webhook admits) renews 3 s after each issuance, no trigger needed."""
+    kube = installed.kube
+    before = await ready_certificate(kube, installed.certificate, 1)
+    bundle = await injected_bundles(kube)
+    short = [
+        "--set", "webhook.certManager.duration=1h",
+        "--set", "webhook.certManager.renewBefore=59m57s",
+    ]  # fmt: skip
+    home = tmp_path / "helm"
+    upgraded = await installed.sandbox.helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, *short, home=home, timeout=120
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
+    try:
+        seen = await ready_certificate(kube, installed.certificate, before["status"]["revision"])
+        assert seen["spec"]["renewBefore"] == "59m57s"
+        # Two more issuances after the one the new duration causes: on schedule.
+        revision = before["status"]["revision"] + 3
+        renewed = await ready_certificate(kube, installed.certificate, revision)
+        files = await secret_files(kube, renewed["spec"]["secretName"])
+        cert = check_issued(files, bundle[0])
+        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+        assert lifetime == dt.timedelta(hours=1), lifetime
+        assert await injected_bundles(kube) == bundle
+    finally:
+        restored = await installed.sandbox.helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, home=home, timeout=120
+        )
+        assert restored.returncode == 0, restored.stderr

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from nmo_sandbox.binaries import repo_root
 from nmo_sandbox.errors import MissingBinariesError
 
@@ -39,6 +41,8 @@ __all__ = [
     "CertManagerBinaries",
     "CertManagerPorts",
     "commands",
+    "crds",
+    "environment",
     "find_cert_manager",
     "probe_objects",
 ]
@@ -97,6 +101,15 @@ class CertManagerPorts:
         return asdict(self)
 
 
+def crds(bins: CertManagerBinaries) -> list[tuple[str, str]]:
+    """(name, YAML text) of every CRD in ``crds/``, for a server-side apply."""
+    out = []
+    for path in sorted(bins.crds_dir.glob("*.yaml")):
+        text = path.read_text()
+        out.append((str(yaml.safe_load(text)["metadata"]["name"]), text))
+    return out
+
+
 def find_cert_manager(*, check: bool = True) -> CertManagerBinaries:
     """Locate cert-manager's binaries; with ``check`` raise if any is missing.
 
@@ -133,6 +146,17 @@ def commands(
             "--enable-profiling=false",
         ],
     }
+
+
+def environment(kubeconfig: Path) -> dict[str, str]:
+    """Extra environment of both processes.
+
+    cainjector takes its client config from controller-runtime, whose
+    ``--kubeconfig`` flag its own flag of that name shadows (cert-manager
+    v1.21.1 then fails with "unable to get kubeconfig"); ``$KUBECONFIG`` is
+    what controller-runtime reads next.
+    """
+    return {"KUBECONFIG": str(kubeconfig)}
 
 
 def probe_objects() -> list[tuple[str, dict[str, Any]]]:

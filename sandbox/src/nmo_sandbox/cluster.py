@@ -157,6 +157,7 @@ class Sandbox:
         self.cert_manager = cert_manager
         self._cm_bins: certmanager.CertManagerBinaries | None = None
         self._cm_ports: certmanager.CertManagerPorts | None = None
+        self._cm_crds: list[tuple[str, str]] = []
         self.timeout = timeout
         self.persistent = persistent
         self.timings: dict[str, float] = {}
@@ -287,6 +288,9 @@ class Sandbox:
                 await _create_kwok_crds(http)
             for name in COMPONENTS[2:]:
                 self._spawn(name, bins)
+            if self.cert_manager:  # starts while the rest comes up; probed at the end
+                await self._start_cert_manager()
+                self.timings["cert-manager-started"] = time.monotonic() - t0
             await self._wait(
                 "kube-controller-manager",
                 "kube-controller-manager /healthz",
@@ -325,7 +329,7 @@ class Sandbox:
             )
             self.timings["ready"] = time.monotonic() - t0
             if self.cert_manager:
-                await self._start_cert_manager(deadline)
+                await self._probe_cert_manager(deadline)
                 self.timings["cert-manager"] = time.monotonic() - t0
             self._write_state()
         except BaseException:
@@ -670,24 +674,40 @@ class Sandbox:
                 )
             await asyncio.sleep(_POLL)
 
-    async def _start_cert_manager(self, deadline: float) -> None:
-        """Apply cert-manager's CRDs, start its controller and cainjector, probe them."""
+    async def _start_cert_manager(self) -> None:
+        """Apply cert-manager's CRDs, start its controller and cainjector."""
         assert self._cm_bins is not None
-        crds = str(self._cm_bins.crds_dir)
-        for verb in (
-            ("apply", "--server-side", "--field-manager=nmo-sandbox", "-f", crds),
-            ("wait", "--for=condition=Established", "--timeout=60s", "-f", crds),
-        ):
-            result = await self.kubectl(*verb)
-            if result.returncode != 0:
-                raise SandboxError(f"kubectl {verb[0]} of cert-manager's CRDs: {result.stderr}")
+        self._cm_crds = certmanager.crds(self._cm_bins)
+        path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+        apply = {"Content-Type": "application/apply-patch+yaml"}
+        query = {"fieldManager": "nmo-sandbox", "force": "true"}
+        async with self.client() as http:
+            answers = await asyncio.gather(
+                *(
+                    http.patch(path + name, content=text, headers=apply, params=query)
+                    for name, text in self._cm_crds
+                )
+            )
+        for (name, _), resp in zip(self._cm_crds, answers, strict=True):
+            if resp.status_code not in (200, 201):
+                raise SandboxError(f"applying CRD {name}: HTTP {resp.status_code} {resp.text}")
         self._cm_ports = certmanager.CertManagerPorts(*free_ports(3))
         argvs = certmanager.commands(
             self._cm_bins, kubeconfig=self.kubeconfig, ports=self._cm_ports
         )
         for name, argv in argvs.items():
-            self._spawn_argv(name, argv, {})
+            self._spawn_argv(name, argv, certmanager.environment(self.kubeconfig))
+
+    async def _probe_cert_manager(self, deadline: float) -> None:
+        """Wait until cert-manager issues a Certificate and cainjector injects its CA."""
+        assert self._cm_ports is not None
         ports = self._cm_ports
+        await self._wait(
+            "kube-apiserver",
+            "cert-manager's CRDs to be established",
+            lambda: self._crds_established(name for name, _ in self._cm_crds),
+            deadline,
+        )
         await self._wait(
             certmanager.CONTROLLER,
             "cert-manager's controller /livez",
@@ -745,11 +765,13 @@ class Sandbox:
         return resp.status_code == 200
 
     async def _kwok_crds_ready(self) -> bool:
+        return await self._crds_established(crd["metadata"]["name"] for crd in kwok_crds())
+
+    async def _crds_established(self, names: Iterable[str]) -> bool:
         async with self.client(timeout=5.0) as http:
-            for crd in kwok_crds():
+            for name in names:
                 resp = await http.get(
-                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                    + crd["metadata"]["name"]
+                    "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/" + name
                 )
                 if resp.status_code != 200:
                     return False
