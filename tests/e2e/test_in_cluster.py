@@ -181,6 +181,11 @@ class Release:
         return str(((got or {}).get("status") or {}).get("phase") or "")
 
 
+def holds(holder: str, pod: str) -> bool:
+    """Whether a leader-election identity is the pod's (nmo uses $POD_NAME in a pod)."""
+    return holder == pod or holder.startswith(f"{pod}_")
+
+
 def pod_ready(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(x.get("type") == "Ready" and x.get("status") == "True" for x in conditions)
@@ -333,7 +338,7 @@ async def test_two_replicas_ready_through_the_kubelet_probes_and_one_leads(
         assert ready["lastTransitionTime"] >= started, (ready, started)
     holder = await release.holder()
     names = [p["metadata"]["name"] for p in pods]
-    leaders = [n for n in names if holder.startswith(f"{n}_")]
+    leaders = [n for n in names if holds(holder, n)]
     assert len(leaders) == 1, (holder, names)
     figure("leader", f"{holder} of {names} on {[p['spec']['nodeName'] for p in pods]}")
 
@@ -595,9 +600,7 @@ async def test_deleting_the_leader_pod_hands_leadership_to_the_other_replica(
     pods = await release.ready_pods()
     assert pods is not None
     holder = await release.holder()
-    (leader,) = [
-        p["metadata"]["name"] for p in pods if holder.startswith(p["metadata"]["name"] + "_")
-    ]
+    (leader,) = [p["metadata"]["name"] for p in pods if holds(holder, p["metadata"]["name"])]
     (standby,) = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != leader]
     node, name = "node-1", f"nm-{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
@@ -606,7 +609,7 @@ async def test_deleting_the_leader_pod_hands_leadership_to_the_other_replica(
 
     async def handed_over() -> str | None:
         now = await release.holder()
-        return now if now.startswith(f"{standby}_") else None
+        return now if holds(now, standby) else None
 
     new_holder = await wait_for(
         handed_over, timeout=60, what=f"{standby} to take the lease", poll=0.05

@@ -140,7 +140,7 @@ class Demo:
         )
         holder = str(lease["spec"].get("holderIdentity") or "")
         names = [p["metadata"]["name"] for p in pods]
-        if not any(holder.startswith(f"{n}_") for n in names):
+        if holder not in names:
             raise DemoFailed(f"the leader lease names {holder!r}, not one of {names}")
         ok(f"leader: {holder}")
         await self.kubectl(
