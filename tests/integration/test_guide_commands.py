@@ -15,24 +15,15 @@ runs with the pod's container arguments from the live Deployment, its
 ``POD_NAME``/``POD_NAMESPACE``/``LEASE_NAMESPACE``, and a token of the chart's
 ServiceAccount. The first also serves the webhook.
 
-kwok plays the pods' kubelet (see nmo/sandbox/kwok_api.py):
-
-* ``kubectl logs``: a kwok ``Logs`` object per pod reads the CRI log file the
-  test writes from that pod's real nmo output, so ``kubectl logs -l
-  control-plane=controller-manager`` shows the real operators' logs.
-* ``kubectl exec``: a kwok ``ClusterExec`` for the namespace runs the command
-  on this machine with the sandbox's pod root, a directory standing for the
-  pod's filesystem. The real nmo's ``--cert-dir`` is
-  ``<root>/apiserver.local.config/certificates``, so the guide's ``ls
-  /apiserver.local.config/certificates/`` lists the files it serves with.
-
+Sections 2.6 (``kubectl exec`` into a pod) and 3 (``kubectl logs`` of the
+pods) need the real pods: tests/e2e/test_in_cluster.py runs them verbatim
+against the chart installed in-cluster on a real node.
 The session's nmo is stopped for the module and started again afterwards.
 Section 2.7 and the ``oc adm must-gather`` of section 5 are OpenShift-only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
@@ -42,12 +33,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from objects import NM, Api, pdb, pod_spec
@@ -62,8 +52,6 @@ from operator_fixtures import (
 
 from nmo.api import constants as c
 from nmo_sandbox import Sandbox
-from nmo_sandbox.kwok_api import API_VERSION as KWOK_API
-from nmo_sandbox.kwok_api import POD_ROOT_ENV, cri_log_line
 from nmo_sandbox.process import run_command
 
 if TYPE_CHECKING:
@@ -79,7 +67,6 @@ LEASE_NS = c.LEASE_NAMESPACE_DEFAULT
 SELECTOR = "control-plane=controller-manager"
 CONTAINER = "manager"
 VWC = "node-maintenance-operator-validating-webhook-configuration"
-CLUSTER_EXEC = "nmo-guide-pod-root"
 
 # -- the original guide's commands, verbatim ------------------------------------
 # (docs/troubleshooting.md adds -n default, --tail=-1 and a loop over the pods)
@@ -98,16 +85,6 @@ G25_POD = "kubectl get pods -n <namespace> <pod-name>"
 G25_PDBS = "kubectl get pdb -A"
 G25_DESCRIBE = "kubectl describe pdb <name> -n <namespace>"
 G25_FORCE = "kubectl delete pod <pod-name> -n <namespace> --force --grace-period=0"
-G26_LS = """\
-kubectl exec -n node-maintenance-operator-system \\
-  $(kubectl get pod -n node-maintenance-operator-system -l control-plane=controller-manager -o name) \\
-  -- ls /apiserver.local.config/certificates/"""  # noqa: E501 (verbatim)
-G3_FOLLOW = """\
-kubectl logs -n node-maintenance-operator-system \\
-  -l control-plane=controller-manager -f"""
-G3_GREP = """\
-kubectl logs -n node-maintenance-operator-system \\
-  -l control-plane=controller-manager | grep -i "maintenance\\|lease\\|drain\""""
 G4_EVENTS = "kubectl get events --field-selector reason={reason}"
 G4_DESCRIBE = "kubectl describe nm <name>"
 G5_GATHER = "must-gather/collection-scripts/gather"
@@ -181,8 +158,7 @@ def describe(result: subprocess.CompletedProcess[str]) -> str:
 class PodOperator(Operator):
     """A real ``nmo run`` standing in for one simulated pod of the Deployment.
 
-    Its output goes to its own log files (for failure reports) and, in the CRI
-    format, to the pod's container log that kwok serves for ``kubectl logs``.
+    Its output goes to its own log file (for failure reports).
     """
 
     def __init__(
@@ -193,7 +169,6 @@ class PodOperator(Operator):
         pod: str,
         container_args: list[str],
         kubeconfig: Path,
-        container_log: Path,
         cert_dir: Path | None,
         webhook_port: int | None,
     ) -> None:
@@ -201,10 +176,8 @@ class PodOperator(Operator):
         self.pod = pod
         self.container_args = container_args
         self.kubeconfig = kubeconfig
-        self.container_log = container_log
         self.cert_dir = cert_dir
         self.webhook_port = webhook_port
-        self._pump: threading.Thread | None = None
 
     def args(self) -> list[str]:
         """The pod's container arguments, for a process outside the cluster."""
@@ -235,15 +208,10 @@ class PodOperator(Operator):
     async def start_with(self, env: dict[str, str], *, leader: bool) -> None:
         """Start; return once it leads (``leader``) or, as a standby, its caches synced."""
         self.starts += 1
-        raw = self.log_file.open("wb")
-        self.proc = subprocess.Popen(  # noqa: ASYNC220
-            self.args(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
-        )
-        assert self.proc.stdout is not None
-        self._pump = threading.Thread(
-            target=_pump, args=(self.proc.stdout, raw, self.container_log), daemon=True
-        )
-        self._pump.start()
+        with self.log_file.open("wb") as out:
+            self.proc = subprocess.Popen(  # noqa: ASYNC220
+                self.args(), stdout=out, stderr=subprocess.STDOUT, env=env
+            )
         if leader:
             await wait_until_up(self.proc, self.leading, log=self.logs, what="leading")
         else:
@@ -254,18 +222,6 @@ class PodOperator(Operator):
 
     def kill(self, sig: int = signal.SIGTERM) -> None:
         super().kill(sig)
-        if self._pump is not None:
-            self._pump.join(timeout=10)
-            self._pump = None
-
-
-def _pump(stream: IO[bytes], raw: IO[bytes], container_log: Path) -> None:
-    with raw, container_log.open("a") as cri:
-        for line in stream:
-            raw.write(line)
-            raw.flush()
-            cri.write(cri_log_line(line.decode(errors="replace")))
-            cri.flush()
 
 
 # -- the installed release ------------------------------------------------------------
@@ -349,9 +305,8 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
             # An earlier module's release namespace may still be terminating.
             await sh(f"kubectl wait --for=delete namespace/{NS} --timeout=60s")
             # The real nmo's certificates, laid out like the chart's Secret
-            # (tls.crt, tls.key, ca.crt) in the pods' filesystem.
-            pod_root = base / "pod-root"
-            cert_dir = pod_root / c.DEFAULT_CERT_DIR.lstrip("/")
+            # (tls.crt, tls.key, ca.crt).
+            cert_dir = base / "certificates"
             serving = sandbox.issue_serving_cert(cert_dir, ["127.0.0.1"], name="tls")
             shutil.copyfile(serving.ca_file, cert_dir / "ca.crt")
             webhook_port = free_port()
@@ -373,45 +328,6 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
             assert ctr["name"] == CONTAINER
             assert "--no-enable-webhook" in ctr["args"]  # webhook.url mode
 
-            # kwok: each pod's logs are its stand-in's output; exec sees the pod root.
-            pod_logs = base / "pods"
-            for pod in pods:
-                container_log = pod_logs / pod / "0.log"
-                container_log.parent.mkdir(parents=True)
-                container_log.touch()
-                await api.create(
-                    f"/apis/{KWOK_API}/namespaces/{NS}/logs",
-                    {
-                        "apiVersion": KWOK_API,
-                        "kind": "Logs",
-                        "metadata": {"name": pod},
-                        "spec": {
-                            "logs": [{"containers": [CONTAINER], "logsFile": str(container_log)}]
-                        },
-                    },
-                )
-            await api.delete(f"/apis/{KWOK_API}/clusterexecs/{CLUSTER_EXEC}")
-            await api.create(
-                f"/apis/{KWOK_API}/clusterexecs",
-                {
-                    "apiVersion": KWOK_API,
-                    "kind": "ClusterExec",
-                    "metadata": {"name": CLUSTER_EXEC},
-                    "spec": {
-                        "selector": {"matchNamespaces": [NS]},
-                        "execs": [
-                            {
-                                "containers": [CONTAINER],
-                                "local": {
-                                    "workDir": str(pod_root),
-                                    "envs": [{"name": POD_ROOT_ENV, "value": str(pod_root)}],
-                                },
-                            }
-                        ],
-                    },
-                },
-            )
-
             sa_kubeconfig = await sandbox.service_account_kubeconfig(
                 NS, c.OPERATOR_SERVICE_ACCOUNT, base / "sa-kubeconfig"
             )
@@ -425,7 +341,6 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
                         pod=pod,
                         container_args=list(ctr["args"]),
                         kubeconfig=sa_kubeconfig,
-                        container_log=pod_logs / pod / "0.log",
                         cert_dir=cert_dir if i == 0 else None,
                         webhook_port=webhook_port if i == 0 else None,
                     )
@@ -433,12 +348,6 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
             CURRENT.extend(operators)  # their logs go into failure reports
             guide = Guide(sandbox, sh, api, pods, operators, ctr["env"], cert_dir)
             await guide.start_operators()
-
-            async def logs_served() -> bool:
-                result = await sh(f"kubectl logs -n {NS} {pods[0]} --tail=1")
-                return result.returncode == 0 and bool(result.stdout.strip())
-
-            await wait_for(logs_served, timeout=15, what="kwok to serve the pods' logs")
             yield guide
         finally:
             for op in reversed(operators):
@@ -449,7 +358,6 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
                 with contextlib.suppress(AssertionError):
                     await api.merge(f"{NM}/{name}", {"metadata": {"finalizers": []}})
                 await api.delete(f"{NM}/{name}")
-            await api.delete(f"/apis/{KWOK_API}/clusterexecs/{CLUSTER_EXEC}")
             if (await sh(f"helm status {RELEASE} -n {NS}")).returncode == 0:
                 await sh(f"helm uninstall {RELEASE} -n {NS} --wait --timeout 60s", timeout=90)
             # The pods' 30 s grace period would hold the namespace up.
@@ -604,66 +512,6 @@ async def test_2_5_stuck_drain_and_4_events(
     for reason, message in (c.EVENT_BEGIN, c.EVENT_SUCCEEDED):
         assert re.search(rf"Normal\s+{reason}\s+.*{message}", nm.stdout), describe(nm)
     assert re.search(r"Phase:\s+Succeeded", nm.stdout), describe(nm)
-
-    await guide.sh.ok(G21_DELETE, name=name)
-    await guide.wait_gone(name)
-
-
-# -- 2.6 and 3: inside the pods -----------------------------------------------------------
-
-
-async def test_2_6_certificate_directory(guide: Guide) -> None:
-    listed = await guide.sh.ok(G26_LS)
-    assert listed.stdout.split() == sorted(p.name for p in guide.cert_dir.iterdir()), describe(
-        listed
-    )
-    assert listed.stdout.split() == ["ca.crt", "tls.crt", "tls.key"], describe(listed)
-    # The webhook serves from that directory (the apiserver trusts ca.crt).
-    probe = await guide.sh("kubectl create --dry-run=server -f - <<'YAML'\n" + json.dumps({
-        "apiVersion": c.API_VERSION, "kind": c.KIND, "metadata": {"name": "guide-probe"},
-        "spec": {"nodeName": "no-such-node"},
-    }) + "\nYAML")  # fmt: skip
-    assert "invalid nodeName, no node with name no-such-node found" in probe.stderr, describe(probe)
-
-
-async def test_3_operator_logs(guide: Guide, node_factory: NodeFactory) -> None:
-    (node,) = await node_factory(1)
-    name = f"nm-{node}"
-    # Follow the logs, verbatim, while a maintenance runs: its lines stream in.
-    line = fill(G3_FOLLOW)
-    follow = await asyncio.create_subprocess_exec(
-        "bash", "-c", line, cwd=ROOT, env=guide.sh.env, start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert follow.stdout is not None
-    seen: list[str] = []
-
-    async def read_until(text: str) -> None:
-        assert follow.stdout is not None
-        while not any(text in s for s in seen):
-            raw = await follow.stdout.readline()
-            assert raw, f"kubectl logs -f ended early:\n{''.join(seen)}"
-            seen.append(raw.decode(errors="replace"))
-
-    try:
-        await asyncio.wait_for(read_until('"msg"'), 15)  # the current tail has arrived
-        assert (await guide.create_nm(name, node)).returncode == 0
-        await asyncio.wait_for(read_until(f"maintenance {name}: drain of node {node} complete"), 20)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(follow.pid, signal.SIGTERM)
-        await follow.wait()
-        with guide.sh.transcript.open("a") as fh:
-            fh.write(f"$ {line}\n(stopped after {len(seen)} lines)\n{''.join(seen)}\n")
-    assert any(f"maintenance {name} for node {node}: begin" in s for s in seen), "".join(seen)
-
-    grep = await guide.sh.ok(G3_GREP)
-    lines = grep.stdout.splitlines()
-    assert lines, describe(grep)
-    assert all(re.search("maintenance|lease|drain", s, re.I) for s in lines), describe(grep)
-    # Without --tail, kubectl shows the last 10 lines of each pod.
-    assert len(lines) <= 20, describe(grep)
-    assert any(f"maintenance {name}" in s for s in lines), describe(grep)
 
     await guide.sh.ok(G21_DELETE, name=name)
     await guide.wait_gone(name)

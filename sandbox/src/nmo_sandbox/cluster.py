@@ -69,7 +69,6 @@ from nmo_sandbox.errors import (
 )
 from nmo_sandbox.images import PAUSE, build_image
 from nmo_sandbox.kwok_api import crds as kwok_crds
-from nmo_sandbox.kwok_api import write_exec_shims
 from nmo_sandbox.network import BridgeNet, allocate_bridge, expose_apiserver
 from nmo_sandbox.nodes import node_is_ready, node_manifest
 from nmo_sandbox.pki import (
@@ -542,7 +541,6 @@ class Sandbox:
         self._pki = generate_pki(layout.pki_dir)
         self._ssl = None
         self._ports = Ports(*free_ports(6))
-        write_exec_shims(layout.kwok_exec_path)
         layout.kubeconfig.write_text(kubeconfig_yaml(self.server, self._pki))
         layout.kubeconfig.chmod(0o600)
         write_audit_policy(layout)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -110,11 +109,6 @@ class Layout:
     @property
     def audit_log(self) -> Path:
         return self.logs_dir / "audit.log"
-
-    @property
-    def kwok_exec_path(self) -> Path:
-        """The wrappers kwok finds first on its PATH for ``kubectl exec`` (kwok_api.py)."""
-        return self.run_dir / "kwok" / "exec-bin"
 
     def log(self, component: str) -> Path:
         return self.logs_dir / f"{component}.log"
@@ -248,13 +242,8 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
 def component_env(name: str, layout: Layout) -> dict[str, str]:
     """Extra environment of a component."""
     if name == "kwok":
-        path = os.environ.get("PATH") or os.defpath
-        return {
-            # Keep kwok from also loading ~/.kwok/kwok.yaml.
-            "KWOK_WORKDIR": str(layout.run_dir / "kwok"),
-            # `kubectl exec` commands are looked up here first (kwok_api.py).
-            "PATH": f"{layout.kwok_exec_path}:{path}",
-        }
+        # Keep kwok from also loading ~/.kwok/kwok.yaml.
+        return {"KWOK_WORKDIR": str(layout.run_dir / "kwok")}
     return {}
 
 
