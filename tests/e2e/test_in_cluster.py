@@ -24,7 +24,6 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import inspect
 import json
 import os
 import re
@@ -275,9 +274,7 @@ async def release(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rel
     try:
         timings["sandbox"] = time.monotonic() - t1
         t2 = time.monotonic()
-        loaded = sandbox.load_image(ref)
-        if inspect.isawaitable(loaded):
-            await loaded
+        await sandbox.load_image(ref)
         timings["load image"] = time.monotonic() - t2
         env = {
             **os.environ,

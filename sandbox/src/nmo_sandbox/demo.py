@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -40,6 +39,8 @@ NM_PATH = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 NODE = "node-1"
 REAL_NODES = 1
 REAL_NODE = "real-1"
+CERT_SECRET = "node-maintenance-operator-webhook-server-cert"
+VWC = "node-maintenance-operator-validating-webhook-configuration"
 console = Console(highlight=False, width=130)
 
 
@@ -126,6 +127,7 @@ class Demo:
             return ready if len(ready) == len(pods) == 2 else None
 
         pods = await until(ready, 60, "two Ready operator pods")
+        await self._check_certificate()
         ok(
             f"chart installed in {time.monotonic() - started:.1f}s: 2 replicas Ready through the "
             "kubelet's /readyz probe, certificate issued by cert-manager"
@@ -146,6 +148,23 @@ class Demo:
         await self.kubectl(
             "exec", "-n", c.OPERATOR_NAMESPACE, names[0], "--", "ls", c.DEFAULT_CERT_DIR + "/"
         )
+
+    async def _check_certificate(self) -> None:
+        """cert-manager wrote the Secret and cainjector put its CA into the webhook config."""
+        ns = c.OPERATOR_NAMESPACE
+        secret = await expect(
+            await self.http.get(f"/api/v1/namespaces/{ns}/secrets/{CERT_SECRET}"), 200
+        )
+        vwc = await expect(
+            await self.http.get(
+                f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{VWC}"
+            ),
+            200,
+        )
+        ca = secret["data"].get("ca.crt")
+        bundles = {hook["clientConfig"].get("caBundle") for hook in vwc["webhooks"]}
+        if not ca or bundles != {ca}:
+            raise DemoFailed("cainjector did not put cert-manager's CA into the webhook config")
 
     async def uninstall(self) -> None:
         for pod in await self._operator_pods():
@@ -382,10 +401,12 @@ async def main(directory: Path | None, *, keep: bool = False) -> int:
         up = time.monotonic()
         async with _sandbox(directory) as (sb, root), sb.client(user_agent="nmo-demo") as http:
             ok(f"control plane ready at {sb.server} in {time.monotonic() - up:.1f}s")
-            loaded = sb.load_image(image.ref)
-            if inspect.isawaitable(loaded):
-                await loaded
-            ok(f"{image.ref} loaded into {REAL_NODE}'s containerd")
+            loading = time.monotonic()
+            await sb.load_image(image.ref)
+            ok(
+                f"{image.ref} loaded into {REAL_NODE}'s containerd "
+                f"in {time.monotonic() - loading:.1f}s"
+            )
             demo = Demo(sb, http, root)
             try:
                 await _story(demo, image.ref)
