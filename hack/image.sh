@@ -6,8 +6,9 @@
 #
 # The base: $BASE_IMAGE if set (`make image BASE_IMAGE=...`); otherwise the
 # Containerfile's pinned python:3.11-slim when it is in containers-storage or
-# can be pulled (one attempt, at most 5 s), else a base built here from Debian
-# packages (hack/base-image.sh), with one line saying so.
+# its registry answers (one manifest request, at most 5 s; then it is
+# pulled), else a base built here from Debian packages (hack/base-image.sh),
+# with one line saying so.
 #
 # The image is labelled with a hash of everything the build reads (the
 # Containerfile, .dockerignore, the locks, pyproject.toml, README.md,
@@ -49,7 +50,19 @@ flock 9
 base=${BASE_IMAGE:-}
 if [[ -z "$base" ]]; then
     base=$(sed -n 's/^ARG BASE_IMAGE=//p' Containerfile)
-    if ! podman image exists "$base" && ! timeout 5 podman pull --quiet "$base" >/dev/null 2>&1; then
+    # Ask the registry for the manifest first (seconds at most), so that a
+    # real pull, which may take longer, is never cut short. podman takes a
+    # reference with a digest but no tag here.
+    probe=$base
+    if [[ "$base" == *@* ]]; then
+        name=${base%@*}
+        probe="${name%:*}@${base#*@}"
+    fi
+    if podman image exists "$base"; then
+        :
+    elif timeout 5 podman manifest inspect "$probe" >/dev/null 2>&1; then
+        podman pull --quiet "$base" >/dev/null
+    else
         echo "image: ${base%@*} cannot be pulled; using a base built from Debian packages (hack/base-image.sh)" >&2
         base=$(hack/base-image.sh)
     fi
