@@ -75,12 +75,21 @@ def main(argv: list[str] | None = None) -> int:
                 cert_manager=args.cert_manager,
                 timeout=args.timeout,
             )
-            print(
-                f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.server}\n"
-                f"  kubeconfig: {sb.kubeconfig}\n  logs: {directory / 'logs'}\n"
-                f'  use it:  eval "$(nmo-sandbox env --dir {args.dir})"\n'
-                f"  stop it: nmo-sandbox down --dir {args.dir}"
-            )
+            lines = [
+                f"sandbox ready in {time.monotonic() - started:.1f}s: {sb.server}",
+                f"  kubeconfig: {sb.kubeconfig}",
+                f"  logs: {directory / 'logs'}",
+            ]
+            if args.real_nodes:
+                lines.append(
+                    f"  real nodes: {', '.join(sb.real_node_names)} on bridge {sb.bridge.name} "
+                    f"({sb.bridge.subnet}); images: nmo-sandbox load --dir {args.dir} IMAGE"
+                )
+            lines += [
+                f'  use it:  eval "$(nmo-sandbox env --dir {args.dir})"',
+                f"  stop it: nmo-sandbox down --dir {args.dir}",
+            ]
+            print("\n".join(lines))
             return 0
         if args.command == "down":
             cluster.down(directory)

@@ -88,6 +88,9 @@ def teardown_real_nodes(base: Path, bridge: str | None) -> None:
                 f"-{i}-" in entry.name for i in ids
             ):
                 entry.unlink(missing_ok=True)
+        for d in (_CNI_CACHE, _CNI_CACHE.parent):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty (libcni makes them again as needed)
     left = mounts_under(base)
     if left:
         raise SandboxError(
