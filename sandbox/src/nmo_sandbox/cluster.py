@@ -227,7 +227,7 @@ class Sandbox:
             for name in COMPONENTS[2:]:
                 self._spawn(name, bins)
             if self.cert_manager:  # starts while the rest comes up; probed at the end
-                await self._start_cert_manager()
+                await self._start_cert_manager(deadline)
                 self.timings["cert-manager-started"] = time.monotonic() - t0
             await self._wait(
                 "kube-controller-manager",
@@ -493,8 +493,8 @@ class Sandbox:
                 )
             await asyncio.sleep(_POLL)
 
-    async def _start_cert_manager(self) -> None:
-        """Apply cert-manager's CRDs, start its controller and cainjector."""
+    async def _start_cert_manager(self, deadline: float) -> None:
+        """Apply cert-manager's CRDs, start its controller and cainjector once they are served."""
         assert self._cm_bins is not None
         self._cm_crds = certmanager.crds(self._cm_bins)
         path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
@@ -510,6 +510,13 @@ class Sandbox:
         for (name, _), resp in zip(self._cm_crds, answers, strict=True):
             if resp.status_code not in (200, 201):
                 raise SandboxError(f"applying CRD {name}: HTTP {resp.status_code} {resp.text}")
+        # Started earlier, the controller's informers back off for seconds.
+        await self._wait(
+            "kube-apiserver",
+            "cert-manager's CRDs to be established",
+            lambda: self._crds_established(name for name, _ in self._cm_crds),
+            deadline,
+        )
         self._cm_ports = certmanager.CertManagerPorts(*free_ports(3))
         argvs = certmanager.commands(
             self._cm_bins, kubeconfig=self.kubeconfig, ports=self._cm_ports
@@ -521,12 +528,6 @@ class Sandbox:
         """Wait until cert-manager issues a Certificate and cainjector injects its CA."""
         assert self._cm_ports is not None
         ports = self._cm_ports
-        await self._wait(
-            "kube-apiserver",
-            "cert-manager's CRDs to be established",
-            lambda: self._crds_established(name for name, _ in self._cm_crds),
-            deadline,
-        )
         await self._wait(
             certmanager.CONTROLLER,
             "cert-manager's controller /livez",
