@@ -7,10 +7,12 @@ Public surface (everything else in this package is an implementation detail)::
         await sb.kubectl("get", "nodes")
     Sandbox(dir, nodes=1, real_nodes=1)          # + real-1: kubelet, containerd, bridge
         await sb.load_image("localhost/nmo:dev")  # containers-storage -> real nodes
+    Sandbox(dir, cert_manager=True)              # + cert-manager controller, cainjector
 
     up(dir, nodes, real_nodes=M) / down(dir) / env(dir) / load_image(dir, ref)   # CLI
 
-The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`).
+The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`),
+cert-manager's from ``make cert-manager-bin`` (:mod:`nmo_sandbox.certmanager`).
 This package never imports kr8s: it is the cluster nmo is tested against, not
 a client of nmo's boundary.
 """

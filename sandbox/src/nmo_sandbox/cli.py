@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from nmo.core import logsetup
-from nmo_sandbox import cluster
+from nmo_sandbox import certmanager, cluster
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--cert-manager",
         action="store_true",
-        help="also run cert-manager's controller and cainjector (make cert-manager-bin)",
+        help="also run cert-manager's controller and cainjector (`make cert-manager-bin`); "
+        "about 7 s more start-up, 80 + 40 MiB",
     )
     up.add_argument("--timeout", type=float, default=180.0)
     down = sub.add_parser("down", help="stop the sandbox in DIR and remove its state")
@@ -84,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(
                     f"  real nodes: {', '.join(sb.real_node_names)} on bridge {sb.bridge.name} "
                     f"({sb.bridge.subnet}); images: nmo-sandbox load --dir {args.dir} IMAGE"
+                )
+            if args.cert_manager:
+                lines.append(
+                    f"  cert-manager: {certmanager.VERSION} controller and cainjector "
+                    "(logs/cert-manager-*.log)"
                 )
             lines += [
                 f'  use it:  eval "$(nmo-sandbox env --dir {args.dir})"',

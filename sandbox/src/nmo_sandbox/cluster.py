@@ -288,7 +288,7 @@ class Sandbox:
             for name in COMPONENTS[2:]:
                 self._spawn(name, bins)
             if self.cert_manager:  # starts while the rest comes up; probed at the end
-                await self._start_cert_manager()
+                await self._start_cert_manager(deadline)
                 self.timings["cert-manager-started"] = time.monotonic() - t0
             await self._wait(
                 "kube-controller-manager",
@@ -547,13 +547,10 @@ class Sandbox:
 
     def _spawn(self, name: str, bins: Binaries) -> None:
         argv = command(name, bins=bins, layout=self.layout, ports=self.ports, pki=self._pki)
-        self._spawn_argv(name, argv, component_env(name, self.layout))
-
-    def _spawn_argv(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         proc = spawn(
             argv,
             log_file=self.log_file(name),
-            env=env,
+            env=component_env(name, self.layout),
             die_with_parent=not self.persistent,
         )
         self._procs[name] = proc
@@ -638,6 +635,14 @@ class Sandbox:
         teardown_real_nodes(self.layout.real_dir, bridge)
         self._bridge = None
 
+    def _spawn_argv(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
+        proc = spawn(
+            argv, log_file=self.log_file(name), env=env, die_with_parent=not self.persistent
+        )
+        self._procs[name] = proc
+        self._refs[name] = ProcessRef.of(proc.pid)
+        self._write_state()
+
     async def _start_component(
         self,
         name: str,
@@ -672,8 +677,8 @@ class Sandbox:
                 )
             await asyncio.sleep(_POLL)
 
-    async def _start_cert_manager(self) -> None:
-        """Apply cert-manager's CRDs, start its controller and cainjector."""
+    async def _start_cert_manager(self, deadline: float) -> None:
+        """Apply cert-manager's CRDs, start its controller and cainjector once they are served."""
         assert self._cm_bins is not None
         self._cm_crds = certmanager.crds(self._cm_bins)
         path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
@@ -689,23 +694,24 @@ class Sandbox:
         for (name, _), resp in zip(self._cm_crds, answers, strict=True):
             if resp.status_code not in (200, 201):
                 raise SandboxError(f"applying CRD {name}: HTTP {resp.status_code} {resp.text}")
-        self._cm_ports = certmanager.CertManagerPorts(*free_ports(3))
-        argvs = certmanager.commands(
-            self._cm_bins, kubeconfig=self.kubeconfig, ports=self._cm_ports
-        )
-        for name, argv in argvs.items():
-            self._spawn_argv(name, argv, certmanager.environment(self.kubeconfig))
-
-    async def _probe_cert_manager(self, deadline: float) -> None:
-        """Wait until cert-manager issues a Certificate and cainjector injects its CA."""
-        assert self._cm_ports is not None
-        ports = self._cm_ports
+        # Started earlier, the controller's informers back off for seconds.
         await self._wait(
             "kube-apiserver",
             "cert-manager's CRDs to be established",
             lambda: self._crds_established(name for name, _ in self._cm_crds),
             deadline,
         )
+        self._cm_ports = certmanager.CertManagerPorts(*free_ports(3))
+        argvs = certmanager.commands(
+            self._cm_bins, kubeconfig=self.kubeconfig, ports=self._cm_ports
+        )
+        for name, argv in argvs.items():
+            self._spawn_argv(name, argv, env=certmanager.environment(self.kubeconfig))
+
+    async def _probe_cert_manager(self, deadline: float) -> None:
+        """Wait until cert-manager issues a Certificate and cainjector injects its CA."""
+        assert self._cm_ports is not None
+        ports = self._cm_ports
         await self._wait(
             certmanager.CONTROLLER,
             "cert-manager's controller /livez",
