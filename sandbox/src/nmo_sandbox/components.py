@@ -9,7 +9,7 @@ The flags follow controller-runtime's envtest and kwokctl's binary runtime,
 trimmed to one machine: everything binds to 127.0.0.1, one throw-away CA,
 admin client-certificate auth for every component, no leader election.
 
-kwok also plays the kubelet of every node for ``kubectl logs`` and ``kubectl
+kwok also plays the kubelet of every kwok node for ``kubectl logs`` and ``kubectl
 exec`` (see :mod:`nmo_sandbox.kwok_api`): it serves the kubelet API on
 ``127.0.0.1:<ports.kwok>`` with the apiserver's 127.0.0.1 certificate, and
 gives every node that address (``--node-ip``) and port (``--node-port``,
