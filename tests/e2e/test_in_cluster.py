@@ -451,9 +451,14 @@ async def test_memory_limit_and_read_only_root_are_in_force(release: Release) ->
         values = dict(line.split() for line in stat.stdout.splitlines())
         rss = int(values["total_rss"] if "total_rss" in values else values["rss"])
         assert 0 < rss < MEMORY_LIMIT, values
+        # The same cgroup seen from the host (the container's cgroup on real-1).
+        host = release.sb.container_memory(pod["status"]["containerStatuses"][0]["containerID"])
+        assert host["limit"] == MEMORY_LIMIT, host
+        assert 0 < host["rss"] < MEMORY_LIMIT, host
         figures.append(
             f"{name}: rss {rss / 2**20:.1f} MiB, usage {int(usage.stdout) / 2**20:.1f} MiB "
-            f"of limit {MEMORY_LIMIT / 2**20:.0f} MiB"
+            f"of limit {MEMORY_LIMIT / 2**20:.0f} MiB "
+            f"(host view: rss {host['rss'] / 2**20:.1f} MiB)"
         )
         root = await exec_("touch", "/nmo-probe")
         assert root.returncode != 0 and "Read-only file system" in root.stderr, root
