@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
+CERT_MANAGER_BIN := hack/cert-manager-bin.sh
 BUNDLE_VALIDATE := hack/bundle-validate.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
 OLM_OUT ?= build/olm
@@ -14,7 +15,7 @@ IMAGE ?=
 # python:3.11-slim, or a Debian-built one where that cannot be pulled).
 BASE_IMAGE ?=
 
-.PHONY: all venv sandbox-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle
+.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle
 
 all: test
 
@@ -31,7 +32,7 @@ sandbox-bin:
 	$(SANDBOX_BIN)
 
 # The host tools real nodes and the image build need (containerd, runc, CNI
-# plugins, buildah, podman, mmdebstrap, iptables, ip): installed with apt-get
+# plugins, buildah, podman, mmdebstrap, iptables, ip, gcc, libc6-dev): installed with apt-get
 # on Debian/Ubuntu as root, else one line saying what is missing.
 host-deps:
 	hack/host-deps.sh
@@ -39,6 +40,11 @@ host-deps:
 # localhost/nmo:dev in containers-storage (buildah); skipped when current.
 image: host-deps
 	BASE_IMAGE='$(BASE_IMAGE)' hack/image.sh
+
+# cert-manager's controller and cainjector for `nmo-sandbox up --cert-manager`,
+# built from its Go module into ~/.cache/nmo/cert-manager/<version>/bin (README).
+cert-manager-bin:
+	$(CERT_MANAGER_BIN)
 
 # The operator-framework bundle validator, built from its Go modules into
 # ~/.cache/nmo/build (first build: 330 CPU-seconds with empty Go caches; README).
@@ -75,13 +81,18 @@ layers: $(STAMP)
 unit: $(STAMP) bundle-validator
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) sandbox-bin image
+integration: $(STAMP) sandbox-bin cert-manager-bin image
 	$(BIN)/pytest tests/integration tests/e2e -q
 
-test: $(STAMP) sandbox-bin bundle-validator image lint typecheck layers
-	$(BIN)/pytest -q -p no:cacheprovider
+# Two phases: every test not marked `solo` on TEST_WORKERS pytest-xdist
+# workers (one sandbox each, whole files per worker), then the `solo` tests
+# (they bound wall-clock time or load) alone. Together they run every test.
+TEST_WORKERS ?= 2
+test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator image lint typecheck layers
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not solo"
+	$(BIN)/pytest -q -p no:cacheprovider -m solo
 
-demo: $(STAMP) sandbox-bin
+demo: $(STAMP) sandbox-bin cert-manager-bin
 	$(BIN)/nmo-sandbox demo
 
 bench: $(STAMP) sandbox-bin

@@ -9,7 +9,8 @@
 # into the repository.
 set -euo pipefail
 
-VERSION=${NMO_CERT_MANAGER_VERSION:-v1.21.2}
+# The version hack/cert-manager-bin.sh builds (see there why not v1.21.2).
+VERSION=${NMO_CERT_MANAGER_VERSION:-v1.21.1}
 MODULE=github.com/cert-manager/cert-manager
 CACHE_ROOT=${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo}
 OUT="$CACHE_ROOT/cert-manager/$VERSION/crds"

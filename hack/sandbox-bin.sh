@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the sandbox binaries (a real Kubernetes control plane without Docker)
-# from their Go modules and cache them per version outside the repository.
+# Build the sandbox binaries (a real Kubernetes control plane without Docker,
+# plus the kubelet of its real nodes) from their Go modules and cache them per
+# version outside the repository.
 #
 #   hack/sandbox-bin.sh            build whatever is missing, print the bin dir
 #   hack/sandbox-bin.sh --check    exit 0 when every binary is cached
@@ -19,7 +20,7 @@ CACHE_ROOT=${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo}
 BIN_DIR="$CACHE_ROOT/sandbox/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin"
 WORK_DIR="$CACHE_ROOT/build"
 
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd kwok helm)
 
 log() { printf '[sandbox-bin %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -87,27 +88,31 @@ k8s_module() {
     go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION"
+      "k8s.io/kubernetes/cmd/kubectl@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION"
     go mod tidy
     touch go.mod.done
   fi
+  # A module made before the kubelet joined: add it (only additions to go.mod).
+  if ! grep -q '^[[:space:]]*k8s.io/kubernetes/cmd/kubelet$' go.mod; then
+    go get -tool "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION"
+  fi
 }
 
-k8s_build() {
+k8s_build() { # the commands to build, e.g. kube-apiserver kubelet
   cd "$WORK_DIR/k8s-$K8S_VERSION"
   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-  local ld="-s -w" pkg
+  local ld="-s -w" pkg b
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
     ld="$ld -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=nmo-sandbox"
   done
   local out="$WORK_DIR/k8s-out"; rm -rf "$out"; mkdir -p "$out"
-  go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$out/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
-  local b
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do mv "$out/$b" "$BIN_DIR/$b"; done
+  local pkgs=()
+  for b in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+  go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$out/" "${pkgs[@]}"
+  for b in "$@"; do mv "$out/$b" "$BIN_DIR/$b"; done
 }
 
 etcd_build() {
@@ -153,9 +158,15 @@ helm_build() {
 
 total0=$SECONDS
 log "building sandbox binaries into $BIN_DIR (first run: tens of minutes on 2 cores)"
-if ! { [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] && [ -x "$BIN_DIR/kube-scheduler" ] && [ -x "$BIN_DIR/kubectl" ]; }; then
+# One `go build` for every missing Kubernetes command (they share most packages);
+# a cache from before the kubelet joined builds only the kubelet (about 45 s warm).
+k8s_missing=()
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet; do
+  [ -x "$BIN_DIR/$b" ] || k8s_missing+=("$b")
+done
+if [ "${#k8s_missing[@]}" -gt 0 ]; then
   step "k8s-module ($K8S_VERSION)" k8s_module
-  step "k8s-build (apiserver, controller-manager, scheduler, kubectl)" k8s_build
+  step "k8s-build (${k8s_missing[*]})" k8s_build "${k8s_missing[@]}"
 fi
 [ -x "$BIN_DIR/etcd" ] || step "etcd ($ETCD_VERSION)" etcd_build
 { [ -x "$BIN_DIR/kwok" ] && [ -d "$BIN_DIR/../kwok-stage" ]; } || step "kwok ($KWOK_VERSION)" kwok_build

@@ -179,8 +179,9 @@ async def operator(
         )
         assert resp.status_code in (201, 409), resp.text
         await wait_for(lambda: _crd_served(client), timeout=30, what="CRD served")
-    log_dir = Path(os.environ.get("NMO_TEST_LOGS", "/tmp/nmo-test-logs")) / time.strftime(
-        "%Y%m%d-%H%M%S"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")  # one sandbox per worker
+    log_dir = Path(os.environ.get("NMO_TEST_LOGS", "/tmp/nmo-test-logs")) / (
+        time.strftime("%Y%m%d-%H%M%S") + f"-{worker}"
     )
     log_dir.mkdir(parents=True, exist_ok=True)
     op = Operator(sandbox, log_dir)

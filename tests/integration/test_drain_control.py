@@ -316,7 +316,10 @@ async def test_deadline_survives_an_operator_kill(
     obj = await wait_reason(api, name, "TimedOut", timeout=60)
     assert ts(obj["status"]["drainStartTime"]) == start
     assert ts(obj["status"]["drainDeadline"]) == deadline
-    (event,) = await api.events(name, "DrainTimedOut")
+    # The event is posted after the status write that says TimedOut: wait for it.
+    (event,) = await wait_for(
+        lambda: api.events(name, "DrainTimedOut"), what="the DrainTimedOut event"
+    )
     fired = ts(event.get("eventTime") or event["firstTimestamp"])
     moved = (fired - deadline).total_seconds()
     print(f"deadline {deadline}, timed out at {fired}: moved {moved:+.2f}s after a kill at half")

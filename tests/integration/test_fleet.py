@@ -213,6 +213,7 @@ async def leader_of(ops: list[Replica]) -> Replica:
     return await wait_for(find, timeout=30, what="a leader")
 
 
+@pytest.mark.solo
 async def test_budget_holds_for_100_crs_across_a_leader_change(
     sandbox: Sandbox,
     api: Api,

@@ -66,6 +66,7 @@ GRACE = 3  # seconds each evicted pod stays Terminating (kwok honours the grace 
 FLEET_BOUND = 150.0
 
 
+@pytest.mark.solo
 async def test_fifty_at_once_one_pdb_blocked_the_others_finish(
     operator: Operator, api: Api, namespace: str, node_factory: Any
 ) -> None:

@@ -28,6 +28,7 @@ LEASE_DURATION = 4.0  # leader_args
 RENEW_DEADLINE = 3.0
 
 
+@pytest.mark.solo
 async def test_a_stalled_apiserver_stops_the_leader_before_its_lease_expires(
     procs: Any,  # noqa: F811
     sandbox: Sandbox,

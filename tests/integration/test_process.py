@@ -166,6 +166,7 @@ async def own_user(
         await api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}")
 
 
+@pytest.mark.solo
 async def test_leader_election_failover(
     procs: Any,
     own_user: Any,

@@ -252,6 +252,7 @@ def p99(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+@pytest.mark.solo
 async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
     sandbox: Sandbox, hooked: Hooked, tmp_path: Path
 ) -> None:

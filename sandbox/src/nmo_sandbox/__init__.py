@@ -5,16 +5,20 @@ Public surface (everything else in this package is an implementation detail)::
     async with Sandbox(dir, nodes=3) as sb:      # or: await sb.start() / sb.stop()
         async with sb.client() as http: ...       # httpx, admin client certificate
         await sb.kubectl("get", "nodes")
+    Sandbox(dir, nodes=1, real_nodes=1)          # + real-1: kubelet, containerd, bridge
+        await sb.load_image("localhost/nmo:dev")  # containers-storage -> real nodes
+    Sandbox(dir, cert_manager=True)              # + cert-manager controller, cainjector
 
-    up(dir, nodes) / down(dir) / env(dir)        # synchronous, for the CLI
+    up(dir, nodes, real_nodes=M) / down(dir) / env(dir) / load_image(dir, ref)   # CLI
 
-The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`).
+The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`),
+cert-manager's from ``make cert-manager-bin`` (:mod:`nmo_sandbox.certmanager`).
 This package never imports kr8s: it is the cluster nmo is tested against, not
 a client of nmo's boundary.
 """
 
 from nmo_sandbox.binaries import Binaries, find_binaries
-from nmo_sandbox.cluster import Sandbox, down, env, up
+from nmo_sandbox.cluster import Sandbox, down, env, load_image, up
 from nmo_sandbox.errors import (
     ComponentError,
     MissingBinariesError,
@@ -39,5 +43,6 @@ __all__ = [
     "find_binaries",
     "generate_pki",
     "issue_serving_cert",
+    "load_image",
     "up",
 ]

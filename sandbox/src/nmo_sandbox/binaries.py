@@ -22,9 +22,11 @@ from nmo_sandbox.errors import MissingBinariesError
 
 __all__ = [
     "BINARIES",
+    "REAL_NODE_BINARIES",
     "VERSIONS",
     "Binaries",
     "MissingBinariesError",
+    "cache_root",
     "find_binaries",
     "repo_root",
 ]
@@ -39,6 +41,9 @@ BINARIES = (
     "kwok",
     "helm",
 )
+# Built by the same script, needed only by a sandbox with real nodes, so a
+# cache from before they existed still runs kwok-only sandboxes.
+REAL_NODE_BINARIES = ("kubelet",)
 _SCRIPT = Path("hack") / "sandbox-bin.sh"
 
 
@@ -73,6 +78,17 @@ class Binaries:
             )
         return self
 
+    def check_real_nodes(self) -> Binaries:
+        """Return self, or raise naming the missing kubelet and how to build it."""
+        missing = [b for b in REAL_NODE_BINARIES if not os.access(self.path(b), os.X_OK)]
+        if missing:
+            raise MissingBinariesError(
+                f"real nodes need {', '.join(missing)}, missing in {self.bin_dir}. "
+                "Build it with `make sandbox-bin` (or `hack/sandbox-bin.sh`; about a minute "
+                "when the other Kubernetes binaries are already cached)."
+            )
+        return self
+
 
 def repo_root() -> Path | None:
     """The checkout this module runs from, if it is one (has hack/sandbox-bin.sh)."""
@@ -82,15 +98,20 @@ def repo_root() -> Path | None:
     return None
 
 
+def cache_root() -> Path:
+    """``${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/nmo}``, as the script computes it."""
+    root = os.environ.get("NMO_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(xdg) / "nmo")
+    return Path(root)
+
+
 def default_bin_dir() -> Path:
     """The cache path ``hack/sandbox-bin.sh`` uses, computed without running it."""
-    cache_root = os.environ.get("NMO_CACHE_DIR")
-    if not cache_root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        cache_root = str(Path(xdg) / "nmo")
     v = VERSIONS
     tag = f"k8s-{v['k8s']}-etcd-{v['etcd']}-kwok-{v['kwok']}-helm-{v['helm']}"
-    return Path(cache_root) / "sandbox" / tag / "bin"
+    return cache_root() / "sandbox" / tag / "bin"
 
 
 def find_binaries(*, check: bool = True) -> Binaries:

@@ -99,6 +99,11 @@ class Layout:
         return self.dir / "run"
 
     @property
+    def real_dir(self) -> Path:
+        """Real nodes' containerd, kubelet, mounts and network namespaces (realnodes.py)."""
+        return self.dir / "real"
+
+    @property
     def audit_policy(self) -> Path:
         return self.dir / "audit-policy.yaml"
 
@@ -123,6 +128,7 @@ class Layout:
             self.logs_dir,
             self.etcd_dir,
             self.run_dir,
+            self.real_dir,
             self.audit_policy,
         ]
 
@@ -181,6 +187,9 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
             f"--service-account-signing-key-file={pki.sa_key_file}",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
+            # Webhook (and aggregated API) Services resolve to an endpoint's pod IP
+            # instead of the ClusterIP: there is no kube-proxy.
+            "--enable-aggregator-routing=true",
             # kubectl logs/exec: the apiserver calls kwok as each node's kubelet.
             "--kubelet-preferred-address-types=InternalIP",
             f"--kubelet-certificate-authority={pki.ca_file}",

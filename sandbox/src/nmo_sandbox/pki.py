@@ -32,6 +32,7 @@ __all__ = [
     "PKI",
     "ServingCert",
     "generate_pki",
+    "issue_client_cert",
     "issue_serving_cert",
 ]
 
@@ -206,6 +207,43 @@ def issue_serving_cert(
         key_file=key_file,
     )
     return ServingCert(cert_file=cert_file, key_file=key_file, ca_file=pki.ca_file)
+
+
+def issue_client_cert(
+    pki_dir: Path, user: str, group: str | None, *, out_dir: Path, name: str
+) -> tuple[Path, Path]:
+    """Sign a client certificate (CN ``user``, O ``group``) with the sandbox CA.
+
+    Writes ``<name>.crt`` and ``<name>.key`` into ``out_dir`` and returns their paths
+    (a real node's kubelet authenticates as ``system:node:<name>`` in ``system:nodes``).
+    """
+    ca_cert, ca_key = _load_ca(pki_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = out_dir / f"{name}.crt", out_dir / f"{name}.key"
+    _issue(
+        ca_cert,
+        ca_key,
+        subject=_name(user, group),
+        sans=(),
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        cert_file=cert_file,
+        key_file=key_file,
+    )
+    return cert_file, key_file
+
+
+def _load_ca(pki_dir: Path) -> tuple[x509.Certificate, _PrivateKey]:
+    pki = PKI.at(pki_dir)
+    try:
+        ca_cert = x509.load_pem_x509_certificate(pki.ca_file.read_bytes())
+        ca_key = serialization.load_pem_private_key(pki.ca_key_file.read_bytes(), password=None)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"no sandbox CA in {pki_dir}; start the sandbox (or call generate_pki) first"
+        ) from exc
+    if not isinstance(ca_key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        raise TypeError(f"unsupported CA key type {type(ca_key).__name__}")
+    return ca_cert, ca_key
 
 
 def _issue(
