@@ -31,13 +31,8 @@ venv: $(STAMP)
 sandbox-bin:
 	$(SANDBOX_BIN)
 
-# cert-manager's controller and cainjector for `nmo-sandbox up --cert-manager`,
-# built from its Go module into ~/.cache/nmo/cert-manager/<version>/bin (README).
-cert-manager-bin:
-	$(CERT_MANAGER_BIN)
-
 # The host tools real nodes and the image build need (containerd, runc, CNI
-# plugins, buildah, podman, mmdebstrap, iptables, ip): installed with apt-get
+# plugins, buildah, podman, mmdebstrap, iptables, ip, gcc, libc6-dev): installed with apt-get
 # on Debian/Ubuntu as root, else one line saying what is missing.
 host-deps:
 	hack/host-deps.sh
@@ -45,6 +40,11 @@ host-deps:
 # localhost/nmo:dev in containers-storage (buildah); skipped when current.
 image: host-deps
 	BASE_IMAGE='$(BASE_IMAGE)' hack/image.sh
+
+# cert-manager's controller and cainjector for `nmo-sandbox up --cert-manager`,
+# built from its Go module into ~/.cache/nmo/cert-manager/<version>/bin (README).
+cert-manager-bin:
+	$(CERT_MANAGER_BIN)
 
 # The operator-framework bundle validator, built from its Go modules into
 # ~/.cache/nmo/build (first build: 330 CPU-seconds with empty Go caches; README).

@@ -6,7 +6,9 @@
 #   hack/host-deps.sh --check  only check: never installs
 #
 # Checked: containerd and ctr, runc, the CNI plugins bridge, host-local and
-# loopback in /usr/lib/cni, buildah, podman, mmdebstrap, iptables, ip. When all
+# loopback in /usr/lib/cni, buildah, podman, mmdebstrap, iptables, ip, and
+# gcc with the C library's headers and static archive (libc6-dev) for the
+# sandbox's pause image (sandbox/src/nmo_sandbox/images.py). When all
 # are present it prints nothing and takes a few milliseconds. On Debian or
 # Ubuntu as root it installs the missing packages with apt-get (running
 # `apt-get update` once if the install fails without package lists); anywhere
@@ -33,6 +35,8 @@ checks=(
     "mmdebstrap mmdebstrap"
     "iptables iptables"
     "ip iproute2"
+    "gcc gcc"
+    "/usr/include/stdio.h libc6-dev"
 )
 
 # iptables and ip live in sbin, which a non-root PATH may lack.
@@ -46,7 +50,7 @@ find_missing() {
         what=${check% *}
         package=${check#* }
         if [[ "$what" == /* ]]; then
-            [[ -x "$what" ]] && continue
+            [[ -e "$what" ]] && continue
         else
             PATH=$search_path command -v "$what" >/dev/null && continue
         fi

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "host-deps.sh"
-COMMANDS = ["containerd", "ctr", "runc", "buildah", "podman", "mmdebstrap", "iptables", "ip"]
+COMMANDS = ["containerd", "ctr", "runc", "buildah", "podman", "mmdebstrap", "iptables", "ip", "gcc"]
 
 
 def check(path: str) -> subprocess.CompletedProcess[str]:
@@ -55,6 +55,6 @@ def test_nothing_is_said_when_the_commands_are_there(tmp_path: Path) -> None:
     assert elapsed < 1, f"{elapsed:.2f} s for a check that finds everything"
     if done.returncode == 0:
         assert (done.stdout, done.stderr) == ("", "")
-    else:  # this host lacks the CNI plugins, which are looked up by path
+    else:  # this host lacks what is looked up by path (CNI plugins, libc6-dev's headers)
         assert done.returncode == 1
-        assert all(tool.startswith("/usr/lib/cni/") for tool in missing(done.stderr)), done.stderr
+        assert all(tool.startswith("/") for tool in missing(done.stderr)), done.stderr
