@@ -182,6 +182,24 @@ class Release:
         return str(((got or {}).get("status") or {}).get("phase") or "")
 
 
+async def probes_passed(release: Release, pod: dict[str, Any], probe_type: str) -> int:
+    """Successful probes of ``pod``'s container the kubelet counted (its /metrics/probes)."""
+    node = pod["spec"]["nodeName"]
+    resp = await release.api.get(f"/api/v1/nodes/{node}/proxy/metrics/probes")
+    resp.raise_for_status()
+    name = pod["metadata"]["name"]
+    total = 0
+    for line in resp.text.splitlines():
+        if (
+            line.startswith("prober_probe_total{")
+            and f'pod="{name}"' in line
+            and f'probe_type="{probe_type}"' in line
+            and 'result="successful"' in line
+        ):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
 def holds(holder: str, pod: str) -> bool:
     """Whether a leader-election identity is the pod's (nmo uses $POD_NAME in a pod)."""
     return holder == pod or holder.startswith(f"{pod}_")
@@ -329,9 +347,10 @@ async def test_two_replicas_ready_through_the_kubelet_probes_and_one_leads(
         container = pod["spec"]["containers"][0]
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    # The kubelet's prober is what turned them Ready: its events say so only
-    # on failure, so check the transition came after the container started.
+    # The kubelet's prober turned them Ready: it counts its successful
+    # /readyz probes of each pod, and the transition came after the start.
     for pod in pods:
+        assert await probes_passed(release, pod, "Readiness") > 0, pod["metadata"]["name"]
         started = pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
         (ready,) = [x for x in pod["status"]["conditions"] if x["type"] == "Ready"]
         assert ready["lastTransitionTime"] >= started, (ready, started)
@@ -468,6 +487,12 @@ async def test_memory_limit_and_read_only_root_are_in_force(release: Release) ->
         assert certs.returncode != 0 and "Read-only file system" in certs.stderr, certs
         tmp = await exec_("touch", "/tmp/nmo-probe")
         assert tmp.returncode == 0, tmp
+
+        # The kubelet's /healthz probe (first after 15 s) passes under the limit.
+        async def alive(pod: dict[str, Any] = pod) -> bool:
+            return await probes_passed(release, pod, "Liveness") > 0
+
+        await wait_for(alive, timeout=40, what=f"a successful liveness probe of {name}", poll=1)
         who = await exec_("id", "-u")
         assert who.stdout.strip() == "65532", who
     figure("in-cluster memory (cgroup)", "; ".join(figures))
