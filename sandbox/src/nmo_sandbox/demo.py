@@ -96,10 +96,9 @@ def workloads() -> list[tuple[str, dict[str, Any]]]:
 
 
 class Demo:
-    def __init__(self, sandbox: Sandbox, http: httpx.AsyncClient, workdir: Path) -> None:
+    def __init__(self, sandbox: Sandbox, http: httpx.AsyncClient) -> None:
         self.sb = sandbox
         self.http = http
-        self.workdir = workdir
 
     async def kubectl(self, *args: str, show: bool = True, expect_ok: bool = True) -> str:
         result = await self.sb.kubectl(*args)
@@ -370,13 +369,13 @@ def _render(obj: dict[str, Any], events: list[dict[str, Any]], elapsed: float) -
 
 
 @contextlib.asynccontextmanager
-async def _sandbox(directory: Path | None) -> AsyncIterator[tuple[Sandbox, Path]]:
+async def _sandbox(directory: Path | None) -> AsyncIterator[Sandbox]:
     with tempfile.TemporaryDirectory(prefix="nmo-demo-") as tmp:
         root = directory or Path(tmp)
         async with Sandbox(
             root / "sandbox", nodes=3, real_nodes=REAL_NODES, cert_manager=True
         ) as sb:
-            yield sb, root
+            yield sb
 
 
 async def _story(demo: Demo, image: str) -> None:
@@ -399,7 +398,7 @@ async def main(directory: Path | None, *, keep: bool = False) -> int:
             f"3 kwok nodes, real node {REAL_NODE} (kubelet, containerd), cert-manager"
         )
         up = time.monotonic()
-        async with _sandbox(directory) as (sb, root), sb.client(user_agent="nmo-demo") as http:
+        async with _sandbox(directory) as sb, sb.client(user_agent="nmo-demo") as http:
             ok(f"control plane ready at {sb.server} in {time.monotonic() - up:.1f}s")
             loading = time.monotonic()
             await sb.load_image(image.ref)
@@ -407,7 +406,7 @@ async def main(directory: Path | None, *, keep: bool = False) -> int:
                 f"{image.ref} loaded into {REAL_NODE}'s containerd "
                 f"in {time.monotonic() - loading:.1f}s"
             )
-            demo = Demo(sb, http, root)
+            demo = Demo(sb, http)
             try:
                 await _story(demo, image.ref)
             except DemoFailed:
