@@ -302,8 +302,13 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
         operators: list[PodOperator] = []
         guide: Guide | None = None
         try:
-            # An earlier module's release namespace may still be terminating.
-            await sh(f"kubectl wait --for=delete namespace/{NS} --timeout=60s")
+            # An earlier module's release namespace may still be terminating:
+            # a pod bound to a node that a test deleted goes only when the pod
+            # garbage collector takes it (its 40 s quarantine, then a cycle).
+            gone = await sh(f"kubectl wait --for=delete namespace/{NS} --timeout=150s", 170)
+            assert gone.returncode == 0 or "not found" in gone.stderr, describe(gone) + describe(
+                await sh(f"kubectl get namespace {NS} -o yaml; kubectl get pods -n {NS} -o wide")
+            )
             # The real nmo's certificates, laid out like the chart's Secret
             # (tls.crt, tls.key, ca.crt).
             cert_dir = base / "certificates"
