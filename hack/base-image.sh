@@ -27,7 +27,7 @@ PY=3.11
 PACKAGES=(python3.11 python3.11-venv python3-minimal ca-certificates)
 # Documentation, manual pages and translations are not needed in an image.
 EXCLUDES=('/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*')
-CACHE=${NMO_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo/images}
+CACHE=${NMO_IMAGE_CACHE:-${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo}/images}
 
 # merged /usr by symlinks (mmdebstrap's hook), not the usrmerge package, which
 # would pull in perl (55 MB).

@@ -42,7 +42,7 @@ fi
 
 # One build at a time (make image and a test may race); the second finds the
 # first's image current.
-lock_dir=${NMO_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo/images}
+lock_dir=${NMO_IMAGE_CACHE:-${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo}/images}
 mkdir -p "$lock_dir"
 exec 9>"${lock_dir}/.nmo-image.lock"
 flock 9
