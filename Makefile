@@ -84,13 +84,13 @@ unit: $(STAMP) bundle-validator
 integration: $(STAMP) sandbox-bin cert-manager-bin image
 	$(BIN)/pytest tests/integration tests/e2e -q
 
-# Two phases: every test not marked `solo` on TEST_WORKERS pytest-xdist
+# Two phases: every test not marked `solo` on TEST_WORKERS (3) pytest-xdist
 # workers (one sandbox each, whole files per worker), then the `solo` tests
 # (they bound wall-clock time or load) alone. Together they run every test.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator image lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not solo"
-	$(BIN)/pytest -q -p no:cacheprovider -m solo
+	$(BIN)/pytest -q -p no:cacheprovider -m solo tests/integration tests/e2e
 
 # The in-cluster story: the image, a real node, cert-manager, the chart.
 demo: $(STAMP) sandbox-bin cert-manager-bin image
