@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from operator_fixtures import wait_for
 
+from nmo.api import constants as c
 from nmo_sandbox import manifests
 
 NM = "/apis/nodemaintenance.medik8s.io/v1beta1/nodemaintenances"
@@ -138,3 +139,23 @@ class Api:
             return await self.nm(name) is None
 
         await wait_for(gone, timeout=timeout, what=f"NodeMaintenance {name} gone")
+
+
+def create_review(node: str, *, name: str = "review") -> dict[str, Any]:
+    """An AdmissionReview of a NodeMaintenance CREATE, as the apiserver posts it."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": c.GROUP, "version": c.VERSION, "kind": c.KIND},
+            "resource": {"group": c.GROUP, "version": c.VERSION, "resource": c.PLURAL},
+            "operation": "CREATE",
+            "object": {
+                "apiVersion": c.API_VERSION,
+                "kind": c.KIND,
+                "metadata": {"name": name, "uid": str(uuid.uuid4())},
+                "spec": {"nodeName": node},
+            },
+        },
+    }

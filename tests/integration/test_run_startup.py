@@ -1,5 +1,5 @@
 """How ``nmo run`` starts, as the Go NMO's Deployment and a new user start it
-(issue 11 items 1 and 2).
+(issue 11 items 1 and 2), and how it stops.
 
 * ``/manager`` (``python -m nmo.cli.manager``, what the image installs as
   ``/manager``) with the Go CSV's exact arguments and environment leads
@@ -17,6 +17,12 @@
 * ``--leader-elect`` with a namespace that does not exist says so within
   seconds, with the fix, fails ``/readyz`` with that reason while it keeps
   retrying, and leads once the namespace is created.
+* On SIGTERM with ``--shutdown-delay-seconds`` it gives the leader Lease up
+  at once and for good, and keeps answering admission for the delay, with
+  ``/readyz`` failing and ``Connection: close`` on every response, so that
+  the apiserver never sends a review on a connection nmo is closing (a
+  rollout of the chart failed one admission that way in CI); a second
+  signal ends the delay.
 
 The session's nmo is paused (``procs`` of test_process.py's kind) so that
 only the processes started here reconcile.
@@ -24,6 +30,7 @@ only the processes started here reconcile.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -38,7 +45,7 @@ from typing import Any
 
 import httpx
 import pytest
-from objects import NM, Api, uid
+from objects import NM, Api, create_review, uid
 from operator_fixtures import Operator, free_port, get_local, wait_for
 
 from nmo.api import constants as c
@@ -304,3 +311,112 @@ async def test_leader_elect_with_a_missing_namespace_says_why_fails_readiness_an
         f"leading {recovered_after:.1f}s after the namespace was created"
     )
     assert said_after < 15, p.text()[-2000:]
+
+
+async def test_sigterm_releases_the_lease_and_keeps_answering_for_the_shutdown_delay(
+    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str, tmp_path: Path
+) -> None:
+    api = Api(kube)
+    certs = tmp_path / "certs"
+    sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
+    probes, webhook, delay = free_port(), free_port(), 4.0
+    identity = f"drain-{uid()}"
+    p = launch(
+        [
+            sys.executable, "-m", "nmo", "run", "--log-format=json", "--leader-elect",
+            f"--leader-election-namespace={namespace}", "--identity", identity,
+            f"--health-probe-port={probes}", f"--metrics-port={free_port()}",
+            f"--webhook-port={webhook}", f"--cert-dir={certs}",
+            f"--shutdown-delay-seconds={delay:g}",
+        ]
+    )  # fmt: skip
+    lease_path = f"{LEASES}/namespaces/{namespace}/leases/{c.LEADER_ELECTION_ID}"
+
+    async def ready() -> bool:
+        p.alive()
+        return (await get_local(probes, "/readyz"))[0] == 200 and (
+            await get_local(probes, "/leaderz")
+        )[0] == 200
+
+    await wait_for(ready, timeout=60, what="nmo to lead and be ready")
+    held = await api.get(lease_path)
+    assert held is not None and held["spec"]["holderIdentity"] == identity, held
+    missing = f"missing-{uid()}"
+    expected = c.Messages.WEBHOOK_NO_NODE.format(node=missing)
+    url = f"https://127.0.0.1:{webhook}{c.WEBHOOK_PATH}"
+    # One kept-alive connection, as the apiserver pools them.
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(verify=False, timeout=10, limits=limits) as client:
+
+        async def review() -> httpx.Response:
+            resp = await client.post(url, json=create_review(missing))
+            assert resp.status_code == 200, resp.text
+            answer = resp.json()["response"]
+            assert answer["allowed"] is False and answer["status"]["message"] == expected
+            return resp
+
+        before = await review()
+        assert before.headers.get("connection", "keep-alive").lower() != "close"
+        p.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+
+        async def released() -> dict[str, Any] | None:
+            lease = await api.get(lease_path)
+            assert lease is not None
+            return lease if lease["spec"].get("holderIdentity") == "" else None
+
+        await wait_for(released, timeout=10, interval=0.05, what="the leader lease released")
+
+        async def unready() -> str | None:
+            status, body = await get_local(probes, "/readyz")
+            return body if status == 500 else None
+
+        body = await wait_for(unready, timeout=5, interval=0.05, what="/readyz to fail")
+        assert "[-]shutdown failed: shutting down" in body, body
+        during = await review()  # on the kept connection, mid-delay
+        answered_after = time.monotonic() - signalled
+        assert p.proc.poll() is None
+        assert during.headers.get("connection", "").lower() == "close", during.headers
+    code = await asyncio.to_thread(p.proc.wait, 30)
+    exited_after = time.monotonic() - signalled
+    assert code == 0, p.text()[-2000:]
+    assert answered_after < delay < exited_after < delay + 10, (answered_after, exited_after)
+    # Released for good: nothing renewed or re-acquired it during the delay.
+    final = await api.get(lease_path)
+    assert final is not None
+    assert final["spec"].get("holderIdentity") == "", final["spec"]
+    assert final["spec"].get("leaseTransitions") == held["spec"].get("leaseTransitions")
+    assert any("still answering for 4s" in m for m in p.messages()), p.messages()[-10:]
+    print(
+        f"\nSIGTERM: lease released, a review answered with Connection: close "
+        f"{answered_after:.2f}s later, exit {exited_after:.1f}s after it (delay {delay:g}s)"
+    )
+
+
+async def test_a_second_signal_ends_the_shutdown_delay(launch: Any) -> None:
+    probes = free_port()
+    p = launch(
+        [
+            sys.executable, "-m", "nmo", "run", "--log-format=json", "--no-enable-webhook",
+            f"--health-probe-port={probes}", f"--metrics-port={free_port()}",
+            "--shutdown-delay-seconds=120",
+        ]
+    )  # fmt: skip
+
+    async def ready() -> bool:
+        p.alive()
+        return (await get_local(probes, "/readyz"))[0] == 200
+
+    await wait_for(ready, timeout=60, what="nmo to be ready")
+    p.proc.send_signal(signal.SIGTERM)
+
+    async def draining() -> bool:
+        assert p.proc.poll() is None, p.text()[-2000:]
+        return (await get_local(probes, "/readyz"))[0] == 500
+
+    await wait_for(draining, timeout=10, interval=0.05, what="the shutdown delay to start")
+    second = time.monotonic()
+    p.proc.send_signal(signal.SIGINT)
+    code = await asyncio.to_thread(p.proc.wait, 30)
+    assert code == 0, p.text()[-2000:]
+    assert time.monotonic() - second < 10

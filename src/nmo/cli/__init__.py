@@ -29,7 +29,9 @@ from nmo.api.models import OnTimeout
 from nmo.cli import goflags
 from nmo.cli.defaults import (
     CONTROLLER_RUNTIME_CERT_DIR,
+    IN_POD_SHUTDOWN_DELAY,
     leader_election_namespace,
+    shutdown_delay,
     webhook_cert_dir,
 )
 from nmo.core import logsetup
@@ -225,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="require webhook callers to present a client certificate signed by this CA "
         "(the apiserver's AdmissionConfiguration kubeConfigFile, see docs/install.md)",
     )
+    srv.add_argument(
+        "--shutdown-delay-seconds",
+        type=float,
+        default=None,
+        help="on SIGTERM, keep answering this long (readiness failing, each connection "
+        "closed after its response) so no admission is lost while the Service drops "
+        f"this pod (default: {IN_POD_SHUTDOWN_DELAY:g} in a pod, 0 elsewhere)",
+    )
     srv.add_argument("--enable-webhook", action=argparse.BooleanOptionalAction, default=True)
     srv.add_argument(
         "--require-webhook-for-readiness", action=argparse.BooleanOptionalAction, default=True
@@ -389,6 +399,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
         require_webhook_for_ready=args.require_webhook_for_readiness,
         enable_http2=args.enable_http2,
+        shutdown_delay_seconds=shutdown_delay(args.shutdown_delay_seconds, os.environ),
     )
 
 
@@ -468,12 +479,19 @@ async def run(args: argparse.Namespace) -> int:
         )
     else:
         log.info("leader election off (--leader-elect turns it on): this process reconciles")
-    stop = asyncio.Event()
+    stop, hurry, draining = asyncio.Event(), asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()  # a second signal ends the delay
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     # The servers register their cache handlers before the informers start.
-    tasks = [asyncio.create_task(_servers(settings.servers, kube, engine, metrics), name="servers")]
+    servers = asyncio.create_task(
+        _servers(settings.servers, kube, engine, metrics, draining), name="servers"
+    )
+    tasks = [servers]
     await asyncio.sleep(0)
     tasks.append(asyncio.create_task(engine.run(), name="engine"))
     stopper = asyncio.create_task(stop.wait(), name="signal")
@@ -484,7 +502,23 @@ async def run(args: argparse.Namespace) -> int:
             log.error("task %s failed: %r", task.get_name(), task.exception())
             code = 1
     log.info("nmo shutting down")
-    await engine.shutdown()
+    draining.set()
+    delay = settings.servers.shutdown_delay_seconds
+    deadline = loop.time() + delay
+    await engine.shutdown()  # the lease is released at once: a standby leads
+    if code == 0 and delay > 0 and not servers.done():
+        log.info(
+            "still answering for %gs (--shutdown-delay-seconds) while the Service drops "
+            "this pod; readiness fails and each connection closes after its response",
+            delay,
+        )
+        hurried = asyncio.create_task(hurry.wait(), name="second-signal")
+        await asyncio.wait(
+            [servers, hurried],
+            timeout=max(deadline - loop.time(), 0.0),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        hurried.cancel()
     for task in [*tasks, stopper]:
         task.cancel()
     await asyncio.gather(*tasks, stopper, return_exceptions=True)
@@ -492,7 +526,13 @@ async def run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics: Metrics) -> None:
+async def _servers(
+    settings: ServerSettings,
+    kube: Kube,
+    engine: Engine,
+    metrics: Metrics,
+    draining: asyncio.Event,
+) -> None:
     """The FastAPI side (webhook, probes, metrics) in this event loop."""
 
     def caches() -> None:
@@ -515,6 +555,7 @@ async def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics
         metrics=metrics,
         readiness={"informers": caches, "leader-election": leadership},
         leading=lambda: engine.leading,
+        draining=draining,
     )
 
 

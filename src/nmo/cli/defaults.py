@@ -13,7 +13,11 @@ image for nmo's must find the same ones (issue 11 item 1):
   else controller-runtime's ``$TMPDIR/k8s-webhook-server/serving-certs``
   (``tls.crt``/``tls.key``, where the Go NMO's kustomize Deployment mounts its
   Secret) when it holds a pair, else OLM's (whose certificate nmo then waits
-  for).
+  for);
+* the shutdown delay: the flag, else 5 s in a pod (``$KUBERNETES_SERVICE_HOST``
+  is set), where a Service routes the apiserver to several replicas and
+  the drain keeps admissions answered while it drops this one, else 0 (a
+  process outside the cluster stops at once).
 
 The environment and the file system are parameters, so the tests need no pod.
 """
@@ -28,6 +32,7 @@ from typing import Final
 from nmo.api import constants as c
 
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+IN_POD_SHUTDOWN_DELAY: Final = 5.0
 CONTROLLER_RUNTIME_CERT_DIR: Final = str(
     Path(tempfile.gettempdir()) / "k8s-webhook-server" / "serving-certs"
 )
@@ -70,3 +75,12 @@ def webhook_cert_dir(
     if _has_pair(Path(controller_runtime_dir), "tls.crt", "tls.key"):
         return controller_runtime_dir
     return olm_dir
+
+
+def shutdown_delay(flag: float | None, environ: Mapping[str, str]) -> float:
+    """Seconds a shutdown drains; see the module docstring. Raises ValueError."""
+    if flag is None:
+        return IN_POD_SHUTDOWN_DELAY if environ.get("KUBERNETES_SERVICE_HOST") else 0.0
+    if not flag >= 0:  # refuses NaN too
+        raise ValueError(f"--shutdown-delay-seconds must be 0 or more (got {flag:g})")
+    return flag

@@ -134,6 +134,7 @@ class Engine:
             transform=slim.pdb,
         )
         self.queue = WorkQueue()
+        self._leadership: asyncio.Task[None] | None = None  # the election, or the work
         self.memories = Memories()
         self.leases = LeaseClient(kube, settings.lease_namespace)
         self.renewers = LeaseRenewers(
@@ -334,9 +335,10 @@ class Engine:
                 await informer.synced.wait()
             log.info("caches synced: maintenances, nodes")
             if self.elector is not None:
-                group.create_task(self.elector.run(self._lead), name="leader-election")
+                work = self.elector.run(self._lead)
+                self._leadership = group.create_task(work, name="leader-election")
             else:
-                group.create_task(self._lead(), name="leader-work")
+                self._leadership = group.create_task(self._lead(), name="leader-work")
 
     async def _lead(self) -> None:
         self.metrics.is_leader.set(1)
@@ -447,7 +449,14 @@ class Engine:
                 ).set(max(0.0, (now - since).total_seconds()))
 
     async def shutdown(self) -> None:
+        """Stop leading (workers, election) and give the lease up; the
+        informers run on until the caller cancels :meth:`run`, so the webhook
+        keeps answering from them while the process drains."""
         await self.queue.shutdown()
+        leadership, self._leadership = self._leadership, None
+        if leadership is not None and not leadership.done():
+            leadership.cancel()  # no renewal can take the lease back after release
+            await asyncio.gather(leadership, return_exceptions=True)
         self.memories.forget_all()
         if self.elector is not None:
             with contextlib.suppress(Exception):

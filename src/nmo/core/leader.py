@@ -132,6 +132,7 @@ class LeaderElector:
         self.s = settings
         self.clock = clock
         self.is_leader = False
+        self.held = False  # acquired and not yet released: release() has work to do
         self._observed: tuple[str, str] | None = None  # (holder, renewTime)
         self._observed_at = 0.0
         self._last_ok = 0.0  # clock() when the last successful renewal began
@@ -272,7 +273,7 @@ class LeaderElector:
             if await self._acquire(self.s.renew_deadline):
                 break
             await asyncio.sleep(self.s.retry_period)
-        self.is_leader = True
+        self.is_leader = self.held = True
         self.transitions += 1
         log.info("leader election: became leader as %s", self.s.identity)
         leading = asyncio.create_task(lead(), name="leader-work")
@@ -318,15 +319,17 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Give the lease up (clean shutdown) so a standby takes over at once."""
-        if not self.is_leader:
+        if not self.held:
             return
         try:
             lease = await self.kube.get(self.path)
             if (lease.get("spec") or {}).get("holderIdentity") != self.s.identity:
+                self.held = False
                 return
             lease["spec"]["holderIdentity"] = ""
             lease["spec"]["leaseDurationSeconds"] = 1
             await self.kube.replace(self.path, lease)
+            self.held = False
             log.info("leader election: released lease")
         except KubeError as exc:
             log.warning("leader election: release failed: %s", exc)

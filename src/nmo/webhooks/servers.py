@@ -19,6 +19,15 @@ main; here each server is a task in the one asyncio loop:
   (:class:`~nmo.webhooks.budget.BudgetedKube`);
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
+* a shutdown first *drains* (:meth:`Servers.drain`): the servers keep
+  answering, ``/readyz`` fails its ``shutdown`` check, and every response
+  carries ``Connection: close``. The kube-apiserver pools its webhook
+  connections by Service name and keeps using a connection to a pod after
+  the pod has left the Service's endpoints; a request it sends on a
+  connection the server is closing that instant fails the admission ("use of
+  closed network connection"). Told to close, it closes the connection
+  itself after the answer and dials again, to a pod still in the Service.
+  Only connections unused for the whole delay are closed by nmo;
 * TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
   ``ssl_context_factory`` so the certificate can be rotated in place;
   HTTP/2 is never served (uvicorn's h11 protocol is HTTP/1.1 only, which is
@@ -39,7 +48,7 @@ import shutil
 import socket
 import ssl
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +93,10 @@ class ServerSettings:
     cert_poll_interval: float = 5.0
     metrics_auth_cache_ttl: float = 60.0
     graceful_shutdown_seconds: int = 5
+    # How long a shutdown drains before the servers stop (see Servers.drain):
+    # long enough for the EndpointSlice change to reach the apiserver and for
+    # its pooled connections to this pod to carry one more request each.
+    shutdown_delay_seconds: float = 0.0
     # Longer than the clients' own idle timeout (Go's transports, the
     # kube-apiserver's included, drop idle connections after 90 s): the client
     # must be the side that closes, or a request sent on a connection the
@@ -191,6 +204,37 @@ class WebhookState:
             raise CheckFailed(self.reason)
 
 
+ASGIMessage = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[ASGIMessage]]
+Send = Callable[[ASGIMessage], Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+CONNECTION_CLOSE: tuple[bytes, bytes] = (b"connection", b"close")
+
+
+def closing_while(app: ASGIApp, draining: asyncio.Event) -> ASGIApp:
+    """``app``, whose responses say ``Connection: close`` once ``draining`` is set.
+
+    h11 then closes the connection after the response, and the client knows
+    before it could reuse it (no race with a server-side close).
+    """
+
+    async def wrapped(scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+
+        async def send_closing(message: ASGIMessage) -> None:
+            if message["type"] == "http.response.start" and draining.is_set():
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+                message = {**message, "headers": [*headers, CONNECTION_CLOSE]}
+            await send(message)
+
+        await app(scope, receive, send_closing)
+
+    return wrapped
+
+
 class Servers:
     """Starts, supervises and stops the webhook, probes and metrics servers."""
 
@@ -202,9 +246,12 @@ class Servers:
         lookups: Lookups,
         metrics: Metrics,
         probes: Probes | None = None,
+        draining: asyncio.Event | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
+        # Set by drain(); shared with the CLI, which sets it on SIGTERM.
+        self.draining = asyncio.Event() if draining is None else draining
         self.lookups = lookups
         self.metrics = metrics
         self.probes = probes or Probes()
@@ -219,6 +266,16 @@ class Servers:
             self.probes.add_readyz("webhook", self.webhook.check)
         if settings.webhook_port is None:
             self.webhook.reason = None
+        self.probes.add_readyz("shutdown", self._not_draining)
+
+    def _not_draining(self) -> None:
+        if self.draining.is_set():
+            raise CheckFailed("shutting down: answering requests in flight, then stopping")
+
+    def drain(self) -> None:
+        """Keep serving, but fail readiness and close each connection after
+        its response (see the module docstring); :meth:`stop` ends it."""
+        self.draining.set()
 
     async def start(self) -> None:
         """Bind and start every enabled server; raises OSError on a taken port."""
@@ -322,7 +379,7 @@ class Servers:
         if ctx is not None:
             options["ssl_context_factory"] = lambda _config, _default: ctx
         config = uvicorn.Config(
-            app,
+            closing_while(app, self.draining),
             lifespan="on",
             log_config=None,
             access_log=False,
@@ -426,6 +483,7 @@ async def serve(
     liveness: Mapping[str, Check] | None = None,
     leading: Leading | None = None,
     lookup_settings: LookupSettings | None = None,
+    draining: asyncio.Event | None = None,
 ) -> None:
     """Run the webhook, probes and metrics servers until cancelled.
 
@@ -433,7 +491,8 @@ async def serve(
     and all NodeMaintenances (see :func:`nmo.webhooks.lookups.build_lookups`);
     ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``;
     ``leading`` (whether this replica runs the maintenance workers) answers
-    ``/leaderz``. Raises when a server cannot start or stops on its own.
+    ``/leaderz``; setting ``draining`` starts the drain of a shutdown (see
+    :meth:`Servers.drain`). Raises when a server cannot start or stops on its own.
     """
     # Budgets of their own (a share of the operator's client, issue 14 item 7):
     # webhook lookups and metrics authentication cannot starve each other.
@@ -445,7 +504,14 @@ async def serve(
         ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
     probes = Probes(healthz=liveness, readyz=ready, leading=leading)
     auth_kube = BudgetedKube(kube, max_in_flight=4, rate=5.0, burst=10)
-    servers = Servers(settings, kube=auth_kube, lookups=lookups, metrics=metrics, probes=probes)
+    servers = Servers(
+        settings,
+        kube=auth_kube,
+        lookups=lookups,
+        metrics=metrics,
+        probes=probes,
+        draining=draining,
+    )
     await servers.start()
     try:
         await servers.wait()
