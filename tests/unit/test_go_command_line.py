@@ -321,6 +321,16 @@ def test_manager_is_nmo_run_with_the_go_arguments(capsys: pytest.CaptureFixture[
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--health-probe-bind-address" in out and "--leader-elect" in out
+    assert "--shutdown-delay-seconds" in out
+
+
+def test_the_top_level_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "Node Maintenance Operator" in out
+    assert "``" not in out  # no reST markup from a docstring
 
 
 def test_leader_election_namespace_is_found_where_the_go_nmo_finds_it(tmp_path: Path) -> None:

@@ -63,7 +63,11 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nmo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="nmo",
+        description="Node Maintenance Operator: run it, or inspect and repair maintenances "
+        "(gather, cleanup, status, plan).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     # No abbreviations: Go's flag package has none, and an abbreviated flag
