@@ -159,3 +159,29 @@ def create_review(node: str, *, name: str = "review") -> dict[str, Any]:
             },
         },
     }
+
+
+async def usable_namespace(client: httpx.AsyncClient, name: str, timeout: float = 170) -> None:
+    """Namespace ``name``, created when missing, once it is not being deleted.
+
+    Modules of one worker share its sandbox, and some use the same fixed
+    namespace (the chart's ``node-maintenance-operator-system``). An earlier
+    module's deletion of it may still be running: a pod bound to a node that
+    a test deleted goes only when the pod garbage collector takes it (its
+    40 s quarantine, then a cycle), and nothing can be created in it before.
+    """
+    path = f"/api/v1/namespaces/{name}"
+
+    async def usable() -> bool:
+        got = await client.get(path)
+        if got.status_code == 404:
+            created = await client.post(
+                "/api/v1/namespaces",
+                json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+            )
+            assert created.status_code in (201, 409), created.text
+            return created.status_code == 201  # 409: someone else's; look at it again
+        assert got.status_code == 200, got.text
+        return not got.json()["metadata"].get("deletionTimestamp")
+
+    await wait_for(usable, timeout=timeout, interval=0.5, what=f"namespace {name} not terminating")

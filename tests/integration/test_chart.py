@@ -36,7 +36,7 @@ import httpx
 import pytest
 import yaml
 from cryptography import x509
-from objects import NM, Api, pod_spec
+from objects import NM, Api, pod_spec, usable_namespace
 from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
@@ -132,9 +132,8 @@ def describe(result: subprocess.CompletedProcess[str]) -> str:
 
 
 async def ensure_namespace(sandbox: Sandbox, name: str) -> None:
-    manifest = json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    result = await sandbox.kubectl("apply", "-f", "-", input=manifest)
-    assert result.returncode == 0, describe(result)
+    async with sandbox.client() as kube:
+        await usable_namespace(kube, name)
 
 
 async def can_i(sandbox: Sandbox, *args: str) -> bool:
@@ -257,6 +256,7 @@ async def release(
         "--set", "nodePolicy.enabled=true",
     ]  # fmt: skip
     lease_ns = await sandbox.kubectl("get", "namespace", LEASE_NS, "--ignore-not-found", "-o=name")
+    await ensure_namespace(sandbox, NS)  # an earlier module's may still be going
     result = await helm(
         "install", RELEASE, str(CHART), "-n", NS, "--create-namespace", *values, "--wait"
     )

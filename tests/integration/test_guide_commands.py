@@ -305,6 +305,9 @@ async def guide(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> A
             # An earlier module's release namespace may still be terminating:
             # a pod bound to a node that a test deleted goes only when the pod
             # garbage collector takes it (its 40 s quarantine, then a cycle).
+            # Or be left by one (test_ops.py's tests create it): it goes too,
+            # so that the guide's install starts from a fresh namespace.
+            await sh(f"kubectl delete namespace {NS} --ignore-not-found --wait=false")
             gone = await sh(f"kubectl wait --for=delete namespace/{NS} --timeout=150s", 170)
             assert gone.returncode == 0 or "not found" in gone.stderr, describe(gone) + describe(
                 await sh(f"kubectl get namespace {NS} -o yaml; kubectl get pods -n {NS} -o wide")

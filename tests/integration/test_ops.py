@@ -13,13 +13,14 @@ import stat
 import subprocess
 import sys
 import tarfile
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from objects import LEASES, NM, Api, pdb, pod_spec, uid
+from objects import LEASES, NM, Api, pdb, pod_spec, uid, usable_namespace
 from operator_fixtures import CURRENT, Operator, wait_for
 
 from nmo.core.errors import Conflict
@@ -64,11 +65,15 @@ async def nmo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
 
 
 async def ensure_namespace(api: Api, name: str) -> None:
-    resp = await api.c.post(
-        "/api/v1/namespaces",
-        json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
-    )
-    assert resp.status_code in (201, 409), resp.text
+    await usable_namespace(api.c, name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def _leaves_no_operator_namespace(sandbox: Sandbox) -> AsyncIterator[None]:
+    """The chart's namespace, which tests here create, goes with the module:
+    a later module installs the chart into a fresh one."""
+    yield
+    await sandbox.kubectl("delete", "namespace", OPERATOR_NS, "--wait=false", "--ignore-not-found")
 
 
 def write_text(path: Path, text: str) -> None:
