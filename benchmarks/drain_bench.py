@@ -33,7 +33,9 @@ deleted and waited for until all its pods are gone, the node deleted. The
 ratios nmo/ceiling and kubectl/ceiling compare figures from the same run.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
-[--scenarios p100 p1000 pdb300] [--tools ceiling nmo kubectl] [--repeat N]``
+[--scenarios p100 p1000 pdb300] [--tools ceiling nmo kubectl] [--repeat N]
+[--nmo-log-level info --work-dir DIR]`` (``--work-dir`` keeps each drain's nmo
+log, to read where its time went)
 (``--repeat``: N rounds per scenario, each starting with the next tool;
 the summary shows medians and ranges). The machine
 has 2 cores shared by the whole control plane, nmo and the benchmark; figures
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -126,8 +129,13 @@ async def main(opts: argparse.Namespace) -> int:
     print(f"nmo: {nmo_commit()}", flush=True)
     results: list[dict[str, Any]] = []
     tools: list[str] = opts.tools
-    with tempfile.TemporaryDirectory(prefix="nmo-drain-bench-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if opts.work_dir is not None:
+            work = Path(opts.work_dir)
+            os.makedirs(work, exist_ok=True)
+            print(f"work directory (kept: nmo logs, sandbox): {work}", flush=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmo-drain-bench-")))
         async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=60) as http:
             await install_crd(http)
             ctx = DrainContext(
@@ -163,6 +171,11 @@ if __name__ == "__main__":
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--spares", type=int, default=3, help="nodes for the replacements")
     parser.add_argument("--nmo-log-level", default="warning")
+    parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="keep nmo's logs and the sandbox here (default: a temp dir)",
+    )
     parser.add_argument("--ceiling-parallel", type=int, default=100, help="evictions in flight")
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per scenario (tool order rotates); medians"
