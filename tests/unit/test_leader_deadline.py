@@ -84,6 +84,31 @@ async def test_a_stalled_apiserver_drops_leadership_within_the_renew_deadline(
     since_last = stopped[0] - renewed[-1]
     assert since_last <= SETTINGS.renew_deadline + SLACK
     assert lost - renewed[-1] < SETTINGS.lease_duration
+    # The shutdown that follows asks the stalled API nothing: there is no
+    # lease left to give up (it hung here on the stalled GET before).
+    calls = len(api_server.calls)
+    async with asyncio.timeout(1):
+        await elector.release()
+    assert len(api_server.calls) == calls
+
+
+async def test_a_release_that_gets_no_answer_gives_up_within_the_renew_deadline(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    """A clean shutdown of a leader whose API server stalls that moment."""
+    elector = LeaderElector(kube, SETTINGS)
+    elector.held = True
+
+    async def stall(_request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(60)
+        return httpx.Response(500)
+
+    api_server.get(f"{LEASES}/nmo-leader").mock(side_effect=stall)
+    started = time.monotonic()
+    async with asyncio.timeout(5):
+        await elector.release()
+    assert time.monotonic() - started <= SETTINGS.renew_deadline + SLACK
+    assert elector.held  # not released: the lease expires on its own
 
 
 async def test_each_request_gets_the_deadline_as_its_budget_without_retries(

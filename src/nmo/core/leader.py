@@ -312,6 +312,7 @@ class LeaderElector:
                 last_ok = self._last_ok = started
                 continue
             if self.clock() - last_ok >= self.s.renew_deadline:
+                self.held = False  # nothing left to release: do not ask a stalled API
                 raise LeadershipLost(
                     f"could not renew leader lease within {self.s.renew_deadline}s"
                 )
@@ -322,14 +323,18 @@ class LeaderElector:
         if not self.held:
             return
         try:
-            lease = await self.kube.get(self.path)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.s.identity:
-                self.held = False
-                return
-            lease["spec"]["holderIdentity"] = ""
-            lease["spec"]["leaseDurationSeconds"] = 1
-            await self.kube.replace(self.path, lease)
+            # Bounded: a shutdown never waits on an API server that stopped
+            # answering; the lease then expires on its own.
+            async with asyncio.timeout(self.s.renew_deadline):
+                lease = await self.kube.get(self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") != self.s.identity:
+                    self.held = False
+                    return
+                lease["spec"]["holderIdentity"] = ""
+                lease["spec"]["leaseDurationSeconds"] = 1
+                await self.kube.replace(self.path, lease)
             self.held = False
             log.info("leader election: released lease")
-        except KubeError as exc:
-            log.warning("leader election: release failed: %s", exc)
+        except (KubeError, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {self.s.renew_deadline:g}s"
+            log.warning("leader election: release failed: %s", why)
