@@ -127,6 +127,25 @@ class Api:
         assert resp.status_code == 200, resp.text
         return list(resp.json()["items"])
 
+    async def wait_events(
+        self, name: str, reason: str, *, count: int = 1, timeout: float = 15
+    ) -> list[dict[str, Any]]:
+        """The events of ``reason`` about ``name``, once there are at least ``count``.
+
+        nmo records a pass's events after its writes (status, finalizer, node,
+        lease), so the state a test waited for can be seen a few milliseconds
+        before its event exists. A caller asserting an exact number compares the
+        returned list's length: a surplus is still caught.
+        """
+
+        async def recorded() -> list[dict[str, Any]]:
+            events = await self.events(name, reason)
+            return events if len(events) >= count else []
+
+        return await wait_for(
+            recorded, timeout=timeout, what=f"{count} {reason} event(s) about {name}"
+        )
+
     async def lease(self, node: str) -> dict[str, Any] | None:
         return await self.get(f"{LEASES}/node-{node}")
 

@@ -209,6 +209,23 @@ async def wait_for(
     pytest.fail(f"timed out after {timeout}s waiting for {what or check}; last value: {last!r}")
 
 
+async def idle(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A scrape of ``/metrics`` taken when no pass runs and no key waits
+    (waited for, never slept): every pass before it is counted in it."""
+    queue = {"name": "nodemaintenance", "controller": "nodemaintenance"}
+
+    async def check() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        s = await scrape(port)
+        quiet = (
+            metric(s, "workqueue_depth", **queue) == 0
+            and metric(s, "controller_runtime_active_workers", controller="nodemaintenance") == 0
+            and metric(s, "workqueue_unfinished_work_seconds", **queue) == 0
+        )
+        return s if quiet else None
+
+    return await wait_for(check, timeout=30, what="nmo idle (depth 0, no active worker)")
+
+
 @contextlib.asynccontextmanager
 async def others_stopped() -> AsyncIterator[None]:
     """Stop every nmo of the session (restarted after), so only the test's own reconciles."""

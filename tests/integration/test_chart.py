@@ -430,6 +430,7 @@ async def _maintain_and_release(
         return again is not None and again["spec"]["renewTime"] != first_renew
 
     await wait_for(renewed, timeout=15, what="the node lease to be renewed")
+    await api.wait_events(name, "SucceedMaintenance")  # recorded after the status
     events = await api.events(name)
     assert {"BeginMaintenance", "SucceedMaintenance"} <= {e["reason"] for e in events}
 

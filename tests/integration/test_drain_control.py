@@ -123,14 +123,22 @@ async def test_blocked_condition_names_the_pdb_with_its_numbers(
 ) -> None:
     node, pods = await blocked_node(api, namespace, node_factory)
     name = await create_nm(api, node)
-    obj = await wait_reason(api, name, "Blocked")
-    cond = drained(obj)
-    assert cond["status"] == "False"
     held = ", ".join(f"{namespace}/{p}" for p in pods)
-    assert cond["message"] == (
+    expected = (
         f"PodDisruptionBudget {namespace}/db-pdb needs 2 healthy and has 2 "
         f"(0 disruptions allowed), holding 2 pods: {held}"
-    ), cond
+    )
+    # Both evictions are in flight at once: a pass between their two answers
+    # names only the pod already refused, so wait for the message naming both.
+    await wait_reason(api, name, "Blocked")
+
+    async def both_held() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        return obj if drained(obj).get("message") == expected else None
+
+    obj = await wait_for(both_held, timeout=30, what=f"{name}: Blocked holding both pods")
+    cond = drained(obj)
+    assert cond["status"] == "False" and cond["reason"] == "Blocked", cond
     shown = await sandbox.kubectl("get", "nm", name, check=True)
     print(f"kubectl get nm during a blocked drain:\n{shown.stdout}")
     header, row = shown.stdout.splitlines()[:2]
@@ -249,7 +257,7 @@ async def test_timeout_delete_removes_pods_with_their_grace_period(
     for pod, (requested, grace) in seen.items():
         earliest = (deadline.timestamp() - grace) - 1.0  # second precision of the stamps
         assert requested.timestamp() >= earliest, (pod, requested, deadline, grace)
-    events = await api.events(name, "PodForceDeleted")
+    events = await api.wait_events(name, "PodForceDeleted", count=len(graces))
     assert sorted(e["message"].split()[4] for e in events) == sorted(
         f"{namespace}/{p}" for p in graces
     ), events
@@ -293,7 +301,7 @@ async def test_timeout_abort_restores_node_and_fails(
     await wait_for(released, what="lease released after abort")
     for reason in ("DrainTimedOut", "FailedMaintenance", "UncordonNode"):
         target = node if reason == "UncordonNode" else name
-        assert len(await api.events(target, reason)) == 1, reason
+        assert len(await api.wait_events(target, reason)) == 1, reason
     # No pod was removed: the PDB held, and Abort never deletes.
     assert sorted(p["metadata"]["name"] for p in await api.pods(namespace)) == pods
     assert all("deletionTimestamp" not in p["metadata"] for p in await api.pods(namespace))

@@ -111,6 +111,6 @@ async def test_two_maintenances_of_one_node_share_one_uncordon_event(
     # Each CR is its own involved object: its events count once.
     for name in names:
         for reason in ("BeginMaintenance", "SucceedMaintenance", "RemovedMaintenance"):
-            (event,) = await api.events(name, reason)
+            (event,) = await api.wait_events(name, reason)
             assert event["count"] == 1, (name, reason, event)
     assert await api.get(f"{NM}/{names[0]}") is None

@@ -506,6 +506,7 @@ async def test_2_5_stuck_drain_and_4_events(
     assert f'pod "{pod}" force deleted' in forced.stdout, describe(forced)
     assert "Immediate deletion does not wait for confirmation" in forced.stderr, describe(forced)
     await guide.wait_phase(name, "Succeeded")
+    await guide.api.wait_events(name, "SucceedMaintenance")  # recorded after the status
 
     # Section 4: the events, verbatim (the kubeconfig's namespace is "default").
     context_ns = await guide.sh.ok("kubectl config view --minify -o jsonpath='{..namespace}'")

@@ -499,7 +499,7 @@ async def test_two_replicas_race_and_the_reconciler_keeps_the_older(
         older, younger = await wait_for(settled, what=f"one of {both} Succeeded, the other Failed")
         dup = (await api.nm(younger) or {})["status"]
         assert dup["lastError"] == Messages.WEBHOOK_DUPLICATE.format(node=target)
-        assert await api.events(younger, "FailedMaintenance")
+        assert await api.wait_events(younger, "FailedMaintenance")
 
         await remove_all(api, [younger])
         created.remove(younger)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from audit import AuditWindow, nmo_events, show
 from objects import LEASES, NM, Api, uid
-from operator_fixtures import Operator, scrape, wait_for
+from operator_fixtures import Operator, idle, scrape, wait_for
 from test_drain_control import blocked_node, remove_nm, wait_phase
 from test_maintenance import reconciled_again
 from test_process import leader_args, procs  # noqa: F401  (the fixture)
@@ -73,21 +73,6 @@ def writes(samples: Samples, host: str) -> Counter[tuple[str, str]]:
     return out
 
 
-async def idle(port: int) -> Samples:
-    """A scrape taken when no pass runs and no key waits (waited for, never slept)."""
-
-    async def check() -> Samples | None:
-        s = await scrape(port)
-        quiet = (
-            metric(s, "workqueue_depth", **QUEUE) == 0
-            and metric(s, "controller_runtime_active_workers", **CTRL) == 0
-            and metric(s, "workqueue_unfinished_work_seconds", **QUEUE) == 0
-        )
-        return s if quiet else None
-
-    return await wait_for(check, timeout=30, what="nmo idle (depth 0, no active worker)")
-
-
 async def test_a_blocked_then_finished_maintenance_by_the_numbers(
     operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
 ) -> None:
@@ -127,7 +112,7 @@ async def test_a_blocked_then_finished_maintenance_by_the_numbers(
     assert delta(after, before, "nmo_lease_errors_total") == 0
     # The drain duration is observed once: from the CR's creation to Succeeded.
     assert delta(after, before, "nmo_drain_duration_seconds_count") == 1
-    (succeeded,) = await api.events(name, "SucceedMaintenance")
+    (succeeded,) = await api.wait_events(name, "SucceedMaintenance")
     took = (
         ts(succeeded["firstTimestamp"]) - ts(done["metadata"]["creationTimestamp"])
     ).total_seconds()
@@ -271,8 +256,14 @@ async def test_lease_renewals_and_a_vanished_lease_are_counted(
         return len(seen) >= 3
 
     await wait_for(renewed_twice, timeout=30, what="two renewals of the node lease")
-    after = await scrape(port)
-    assert delta(after, before, "nmo_lease_renewals_total") >= len(seen) - 1
+
+    # nmo counts a renewal once it has read the PUT's answer, a moment after
+    # the apiserver shows the new renewTime.
+    async def counted() -> Samples | None:
+        s = await scrape(port)
+        return s if delta(s, before, "nmo_lease_renewals_total") >= len(seen) - 1 else None
+
+    after = await wait_for(counted, timeout=10, what=f"{len(seen) - 1} renewals counted")
     assert delta(after, before, "nmo_lease_errors_total") == 0
 
     # Someone deletes the lease: the next renewal fails, once, as a renewal error.

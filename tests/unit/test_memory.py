@@ -10,6 +10,7 @@ after a watch gap), and a renewal never creates a lease.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from nmo.api import constants as c
 from nmo.core.engine import Engine, EngineSettings
 from nmo.core.kube import Kube
 from nmo.core.lease import LeaseClient, LeaseLost
+from nmo.core.maintenance.lease import build_lease
 from nmo.core.memory import Memories
 from nmo.core.metrics import Metrics
 
@@ -117,3 +119,43 @@ async def test_a_failed_renewal_is_recorded_and_wakes_the_cr(
     assert woken == ["nm-1"]
     assert record.renewal_error is not None and "no longer exists" in record.renewal_error
     assert not record.lease_held and record.renewer is None
+
+
+async def test_a_stop_lets_the_renewal_in_flight_finish_before_the_release(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    """A renewal cancelled mid-PUT could still be applied after the release has
+    read the lease (its delete precondition would then fail): a stop lets the
+    PUT finish, counted, and the leave waits for it before releasing."""
+    now = datetime.now(UTC)
+    held = build_lease({"metadata": {"name": "n1", "uid": "u1"}}, "medik8s-leases", now)
+    held["metadata"] |= {"uid": "l1", "resourceVersion": "7"}
+    api_server.get(f"{LEASES}/node-n1").respond(200, json=held)
+    entered, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow_put(request: httpx.Request) -> httpx.Response:
+        entered.set()
+        await answer.wait()
+        return httpx.Response(
+            200, json=held | {"metadata": held["metadata"] | {"resourceVersion": "8"}}
+        )
+
+    put = api_server.put(f"{LEASES}/node-n1").mock(side_effect=slow_put)
+    metrics = Metrics()
+    engine = Engine(kube, EngineSettings(leader_election=False), metrics)
+    engine.renewers.interval = 0.0
+    record = engine.memories.recall("nm-1", "n1")
+    engine.renewers.start(record, {"metadata": {"name": "n1", "uid": "u1"}})
+    await asyncio.wait_for(entered.wait(), 5)
+    record.stop()
+    settled = asyncio.ensure_future(record.renewal_settled(5))
+    await asyncio.sleep(0.01)
+    assert not settled.done(), "the leave did not wait for the renewal in flight"
+    answer.set()
+    await asyncio.wait_for(settled, 5)
+    assert put.call_count == 1
+    assert record.renewal is not None and record.renewal.done()
+    assert record.renewal.exception() is None
+    # counted, though the renewer stopped
+    assert metrics.registry.get_sample_value("nmo_lease_renewals_total") == 1
+    assert record.renewer is None and not record.lease_held

@@ -41,6 +41,7 @@ class Memory:
     drain: dict[str, PodDrainState] = field(default_factory=dict)
     evictions: set[asyncio.Task[None]] = field(default_factory=set)
     renewer: asyncio.Task[None] | None = None
+    renewal: asyncio.Future[Any] | None = None  # the renewal PUT in flight, if any
     renewal_error: str | None = None
     lease_held: bool = False
     daemonsets: dict[str, bool] = field(default_factory=dict)
@@ -75,6 +76,16 @@ class Memory:
         self.renewer = None
         self.renewal_error = None
         self.lease_held = False
+
+    async def renewal_settled(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for a renewal PUT still in flight.
+
+        Stopping the renewer never aborts its PUT: cancelled mid-flight, the
+        apiserver could still apply it after a release has read the lease,
+        and the release's precondition would fail on it.
+        """
+        if self.renewal is not None and not self.renewal.done():
+            await asyncio.wait({self.renewal}, timeout=timeout)
 
     def stop_pods(self) -> None:
         if self.pods_task is not None:

@@ -54,6 +54,9 @@ from nmo.core.notify import Notifier
 from nmo.core.renewer import LeaseRenewers
 from nmo.core.watch import Informer
 
+# How long a leave waits for a renewal PUT in flight before releasing the lease.
+RENEWAL_SETTLE_SECONDS = 10.0
+
 log = logging.getLogger("nmo.maintenance")
 
 NM_PATH = nm_path()
@@ -361,6 +364,7 @@ class Reconciler:
         """
         nm = obs.nm
         record.stop()  # no renewal, eviction or pod watch outlives the decision to leave
+        await record.renewal_settled(RENEWAL_SETTLE_SECONDS)
         if plan.node_patch:
             await self._restore(obs, plan.node_patch)
             log.info(

@@ -53,13 +53,26 @@ class LeaseRenewers:
         )
         log.info("lease renewer started for node %s", record.node, extra={"node": record.node})
 
+    def _renew(self, record: Memory, node: dict[str, Any]) -> asyncio.Future[Any]:
+        """One renewal PUT, as its own task: a stop of the renewer lets it finish
+        (see :meth:`Memory.renewal_settled`), and it is counted when it does."""
+        put = asyncio.ensure_future(self.leases.request(node, force=True, renew_only=True))
+
+        def ended(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.metrics.lease_renewals.inc()
+                log.debug("lease renewed for node %s", record.node, extra={"node": record.node})
+            # A failure is the renewer's to handle; after a stop nobody needs it.
+
+        put.add_done_callback(ended)
+        record.renewal = put
+        return put
+
     async def _run(self, record: Memory, node: dict[str, Any]) -> None:
         while True:
             await asyncio.sleep(self.interval)
             try:
-                await self.leases.request(node, force=True, renew_only=True)
-                self.metrics.lease_renewals.inc()
-                log.debug("lease renewed for node %s", record.node, extra={"node": record.node})
+                await asyncio.shield(self._renew(record, node))
             except (LeaseHeldError, LeaseLost, KubeError) as exc:
                 self.metrics.lease_errors.labels(kind="renewal").inc()
                 log.warning(
