@@ -91,11 +91,11 @@ async def scrape(metrics_port: int) -> dict[tuple[str, frozenset[tuple[str, str]
 
 
 def metric(
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], series: str, /, **labels: str
 ) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
+    """The sum of ``series``'s samples whose labels include ``labels`` (``name`` among them)."""
     want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+    return sum(v for (n, ls), v in samples.items() if n == series and want <= ls)
 
 
 class Operator:
@@ -148,9 +148,9 @@ class Operator:
         """``/leaderz``: this process runs the maintenance workers."""
         return await probe_leading(self.probe_port)
 
-    async def metric(self, name: str, **labels: str) -> float:
+    async def metric(self, series: str, /, **labels: str) -> float:
         """One metric of this process (summed over the labels not given)."""
-        return metric(await scrape(self.metrics_port), name, **labels)
+        return metric(await scrape(self.metrics_port), series, **labels)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc is not None and self.proc.poll() is None:
