@@ -160,6 +160,10 @@ class Api:
         await wait_for(gone, timeout=timeout, what=f"NodeMaintenance {name} gone")
 
 
+NM_KIND = {"group": c.GROUP, "version": c.VERSION, "kind": c.KIND}
+NM_RESOURCE = {"group": c.GROUP, "version": c.VERSION, "resource": c.PLURAL}
+
+
 def create_review(node: str, *, name: str = "review") -> dict[str, Any]:
     """An AdmissionReview of a NodeMaintenance CREATE, as the apiserver posts it."""
     return {
@@ -167,8 +171,8 @@ def create_review(node: str, *, name: str = "review") -> dict[str, Any]:
         "kind": "AdmissionReview",
         "request": {
             "uid": str(uuid.uuid4()),
-            "kind": {"group": c.GROUP, "version": c.VERSION, "kind": c.KIND},
-            "resource": {"group": c.GROUP, "version": c.VERSION, "resource": c.PLURAL},
+            "kind": NM_KIND,
+            "resource": NM_RESOURCE,
             "operation": "CREATE",
             "object": {
                 "apiVersion": c.API_VERSION,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from objects import NM_KIND, NM_RESOURCE
 from operator_fixtures import CURRENT, Operator, free_port
 from operator_fixtures import wait_for as until
 
@@ -52,8 +53,6 @@ pytestmark = pytest.mark.integration
 Json = dict[str, Any]
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 VWC = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
-NM_KIND = {"group": c.GROUP, "version": c.VERSION, "kind": c.KIND}
-NM_RESOURCE = {"group": c.GROUP, "version": c.VERSION, "resource": c.PLURAL}
 RSS_BOUND_MIB = 250
 FIGURES = Path(os.environ.get("NMO_TEST_LOGS", "/tmp/nmo-test-logs")) / "webhook-abuse.json"
 

@@ -41,6 +41,7 @@ from audit import AuditWindow, nmo_events
 from cryptography import x509
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from objects import NM_KIND, NM_RESOURCE
 from operator_fixtures import free_port
 from operator_fixtures import wait_for as until
 
@@ -59,8 +60,6 @@ pytestmark = pytest.mark.integration
 Json = dict[str, Any]
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
-NM_KIND = {"group": c.GROUP, "version": c.VERSION, "kind": c.KIND}
-NM_RESOURCE = {"group": c.GROUP, "version": c.VERSION, "resource": c.PLURAL}
 POLL = 5.0  # ServerSettings' default certificate poll interval, as in nmo run
 
 
