@@ -475,3 +475,57 @@ async def test_outside_the_window_nothing_starts(
 
 def c_finalizers(obj: dict[str, Any]) -> list[str]:
     return list(obj["metadata"].get("finalizers") or [])
+
+
+async def test_a_missing_ledger_namespace_is_named_with_what_to_do(
+    sandbox: Sandbox, api: Api, node_factory: Any, tmp_path: Path
+) -> None:
+    """A budget whose ledger namespace does not exist (an out-of-cluster run with
+    the defaults has no node-maintenance-operator-system): lastError names it and
+    what to do, nothing is done to the node, and creating it lets the CR start."""
+    (node,) = await node_factory(1)
+    missing = f"nmo-ledger-{node_factory.prefix}"
+    flags = ["--max-parallel-maintenances", "1", "--budget-namespace", missing]
+    op = Replica(sandbox, tmp_path / "r", extra=flags)
+    op.log_dir.mkdir(parents=True)
+    CURRENT.append(op)
+    name = f"ledger-{node_factory.prefix}"
+    try:
+        await op.start()
+        await api.create(NM, cr(name, node))
+
+        async def explained() -> dict[str, Any] | None:
+            obj = await api.nm(name)
+            error = ((obj or {}).get("status") or {}).get("lastError") or ""
+            return obj if "does not exist" in error else None
+
+        obj = await wait_for(explained, what="the missing ledger namespace in lastError")
+        assert obj["status"]["lastError"] == (
+            f'namespace "{missing}" does not exist, so the fleet budget\'s ledger, Lease '
+            f"{missing}/{LEDGER_NAME}, cannot be created: create it (kubectl create namespace "
+            f"{missing}) or pass --budget-namespace=<namespace> (default: the leader election "
+            "namespace)"
+        )
+        assert obj["status"].get("phase") in (None, "Pending"), obj["status"]
+        n = await api.node(node)
+        assert not n["spec"].get("unschedulable") and not n["spec"].get("taints"), n["spec"]
+        assert await api.lease(node) is None
+        assert "the fleet budget's ledger" in op.logs()
+
+        await api.create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": missing}},
+        )
+
+        async def succeeded() -> dict[str, Any] | None:
+            obj = await api.nm(name)
+            return obj if ((obj or {}).get("status") or {}).get("phase") == "Succeeded" else None
+
+        done = await wait_for(succeeded, timeout=60, what=f"{name} Succeeded")
+        assert "lastError" not in done["status"], done["status"]
+        await api.delete(f"{NM}/{name}")
+        await wait_for(lambda: _gone(api, name), what=f"{name} removed")
+    finally:
+        op.kill(signal.SIGTERM)
+        CURRENT.remove(op)
+        await api.delete(f"/api/v1/namespaces/{missing}")

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from nmo.api.models import NodeMaintenance, Phase
+from nmo.core import budget as ledger
+from nmo.core.errors import Forbidden, Invalid, KubeError, NotFound, Transient
 from nmo.core.maintenance import budget as b
 from nmo.core.maintenance import planner
 from nmo.core.maintenance.observed import Observed, Recall, Work
@@ -221,3 +223,56 @@ def test_an_admitted_cr_not_yet_running_is_not_ahead_in_the_queue() -> None:
     q1, q2 = nm("q1", "n1", 1), nm("q2", "n2", 2)
     fleet = b.fleet({"q1": "n1"}, [q1, q2], {})
     assert b.decide(q2, fleet, settings, NOW).admit
+
+
+@pytest.mark.parametrize(
+    ("method", "error", "says"),
+    [
+        (
+            "POST",
+            NotFound('namespaces "ns" not found'),
+            'namespace "ns" does not exist, so the fleet budget\'s ledger, Lease '
+            "ns/nmo-maintenance-budget, cannot be created: create it (kubectl create namespace "
+            "ns) or pass --budget-namespace=<namespace> (default: the leader election namespace)",
+        ),
+        (
+            "POST",
+            Forbidden(
+                "is being terminated",
+                body={"details": {"causes": [{"type": "NamespaceTerminating"}]}},
+            ),
+            'namespace "ns" is being deleted, so the fleet budget\'s ledger, Lease '
+            "ns/nmo-maintenance-budget, cannot be created: wait until it is gone and create it "
+            "again or pass --budget-namespace=<namespace> (default: the leader election "
+            "namespace)",
+        ),
+        (
+            "PUT",
+            Forbidden("leases is forbidden: User cannot update"),
+            "not allowed to update the fleet budget's ledger, Lease ns/nmo-maintenance-budget: "
+            "leases is forbidden: User cannot update; grant get, create and update on "
+            'leases.coordination.k8s.io in namespace "ns" (the chart\'s leader-election Role '
+            "does) or pass --budget-namespace=<namespace> (default: the leader election "
+            "namespace)",
+        ),
+    ],
+)
+def test_a_ledger_that_cannot_be_written_says_why_and_what_to_do(
+    method: str, error: KubeError, says: str
+) -> None:
+    explained = ledger.explain(error, method=method, namespace="ns")
+    assert isinstance(explained, ledger.LedgerUnavailable)
+    assert str(explained) == says
+    assert explained.status_code == error.status_code
+
+
+@pytest.mark.parametrize(
+    ("method", "error"),
+    [
+        ("GET", NotFound("gone")),  # a missing ledger is an empty one, read elsewhere
+        ("PUT", Transient("PUT: ReadTimeout")),  # retried with backoff as any other
+        ("POST", Invalid("bad")),
+    ],
+)
+def test_other_ledger_errors_pass_through(method: str, error: KubeError) -> None:
+    assert ledger.explain(error, method=method, namespace="ns") is error

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.errors import Conflict, KubeError, NotFound
+from nmo.core.errors import Conflict, Forbidden, KubeError, NotFound
 from nmo.core.kube import Kube, api_path, nm_path
 from nmo.core.maintenance import budget as rules
 from nmo.core.maintenance.budget import Admission, BudgetSettings
@@ -41,6 +41,40 @@ Obj = dict[str, Any]
 
 class LedgerContention(KubeError):
     """The ledger kept changing under us: retry the pass."""
+
+
+class LedgerUnavailable(KubeError):
+    """The ledger cannot be written where it is configured: the message says why
+    and what to pass (it reaches the CR's ``lastError`` and the log)."""
+
+
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update"}
+
+
+def explain(exc: KubeError, *, method: str, namespace: str) -> KubeError:
+    """A ledger request's failure as the user must act on it; other errors as they are."""
+    ledger = f"the fleet budget's ledger, Lease {namespace}/{LEDGER_NAME}"
+    elsewhere = "or pass --budget-namespace=<namespace> (default: the leader election namespace)"
+    if method == "POST" and isinstance(exc, NotFound):
+        message = (
+            f'namespace "{namespace}" does not exist, so {ledger}, cannot be created: '
+            f"create it (kubectl create namespace {namespace}) {elsewhere}"
+        )
+    elif isinstance(exc, Forbidden) and exc.has_cause("NamespaceTerminating"):
+        message = (
+            f'namespace "{namespace}" is being deleted, so {ledger}, cannot be created: '
+            f"wait until it is gone and create it again {elsewhere}"
+        )
+    elif isinstance(exc, Forbidden):
+        verb = _VERBS.get(method, method.lower())
+        message = (
+            f"not allowed to {verb} {ledger}: {exc.message}; grant get, create and update on "
+            f'leases.coordination.k8s.io in namespace "{namespace}" (the chart\'s '
+            f"leader-election Role does) {elsewhere}"
+        )
+    else:
+        return exc
+    return LedgerUnavailable(message, status_code=exc.status_code, reason=exc.reason, body=exc.body)
 
 
 class Budget:
@@ -75,6 +109,8 @@ class Budget:
             lease = await self.kube.get(self.path)
         except NotFound:
             return {}, None
+        except KubeError as exc:
+            raise explain(exc, method="GET", namespace=self.namespace) from exc
         raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION) or "{}"
         try:
             entries = json.loads(raw)
@@ -86,6 +122,17 @@ class Budget:
         return out, lease
 
     async def _write(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
+        try:
+            await self._put(entries, lease)
+        except Conflict:
+            raise
+        except KubeError as exc:
+            method = "POST" if lease is None else "PUT"
+            raise explain(exc, method=method, namespace=self.namespace) from exc
+        self._seen = {k: dict(v) for k, v in entries.items()}
+        self.admitted_count = len(entries)
+
+    async def _put(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
         annotations = {ANNOTATION: json.dumps(dict(sorted(entries.items())), sort_keys=True)}
         if lease is None:
             body = {
@@ -108,8 +155,6 @@ class Budget:
             meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             # PUT with the resourceVersion read: the compare-and-swap.
             await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
-        self._seen = {k: dict(v) for k, v in entries.items()}
-        self.admitted_count = len(entries)
 
     def _running(self) -> dict[str, str]:
         """CRs the cache shows begun and not failed (adopted ones count too)."""
