@@ -533,7 +533,12 @@ class AuditWindow:
         return cls(sb.audit_log, sb.audit_log.stat().st_size)
 
     async def close(self, http: httpx.AsyncClient, timeout: float = 60.0) -> AuditWindow:
-        """Send a marker request and read the log up to it (so nothing is still unwritten)."""
+        """Send a marker request and read the log up to it (so nothing is still unwritten).
+
+        ``timeout`` bounds the wait for the marker once the reader has caught up
+        with the log: in a big cluster reading the window itself (kwok's pod
+        status writes: hundreds of MB) can take longer than that.
+        """
         marker = f"bench-marker/{uuid.uuid4()}"
         await http.get("/api/v1/namespaces/default", headers={"User-Agent": marker})
         deadline = time.monotonic() + timeout
@@ -557,9 +562,15 @@ class AuditWindow:
                     sub = (ev.get("objectRef") or {}).get("subresource")
                     res = (ev.get("objectRef") or {}).get("resource")
                     self.lines.append((agent, f"{verb} {res}/{sub}" if sub else f"{verb} {res}"))
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the audit marker never appeared in the audit log")
-                await asyncio.sleep(0.05)
+                if chunk:
+                    deadline = time.monotonic() + timeout  # still catching up
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the audit marker never appeared in the audit log {self.path} "
+                        f"within {timeout:g}s of reading it all"
+                    )
+                if not chunk:
+                    await asyncio.sleep(0.05)
 
     def count(self, agent_prefix: str) -> tuple[int, dict[str, int]]:
         verbs = Counter(v for agent, v in self.lines if agent.startswith(agent_prefix))
