@@ -55,6 +55,8 @@ NODE_IP = "127.0.0.1"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 _STAGES_DIR = Path(__file__).parent / "stages"
 
+AUDIT_LOG_MAX_MB = 1 << 20  # 1 TiB: in practice, never rotated
+
 # Log request metadata (user, user agent, verb, resource, status) for every
 # request, once per request: the ResponseComplete stage only.
 AUDIT_POLICY = """\
@@ -191,7 +193,10 @@ def command(name: str, *, bins: Binaries, layout: Layout, ports: Ports, pki: PKI
             f"--kubelet-client-key={pki.admin_key_file}",
             f"--audit-policy-file={layout.audit_policy}",
             f"--audit-log-path={layout.audit_log}",
-            "--audit-log-maxsize=0",
+            # Never rotated: 0 is not "no limit" but lumberjack's default of
+            # 100 MB, which a big benchmark cluster passes within minutes, and
+            # a reader holding the old file then never sees the next request.
+            f"--audit-log-maxsize={AUDIT_LOG_MAX_MB}",
             "--profiling=false",
         ]
     if name == "kube-controller-manager":
