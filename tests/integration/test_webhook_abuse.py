@@ -372,6 +372,8 @@ async def test_forged_reviews_every_2s_do_not_block_a_real_create(
         await sandbox.kubectl("delete", "nodemaintenance", name, "--wait=false")
 
 
+@pytest.mark.solo  # bounds the probes' latency (the kubelet's 1 s timeout): alone, not beside
+# two other workers' sandboxes on the same two cores (a first probe took 1.25 s there)
 async def test_big_and_nested_bodies_are_refused_quickly(hooked: Hooked, tmp_path: Path) -> None:
     big = b'{"a":"' + b"x" * (3 * 1024 * 1024) + b'"}'
     nested = b"[" * 100_000 + b"]" * 100_000
