@@ -13,26 +13,33 @@
 # module github.com/cert-manager/cert-manager, fetched through the Go module
 # proxy. Its two mains (cmd/controller, cmd/cainjector) are separate modules
 # named .../controller-binary and .../cainjector-binary that reach the library
-# through `replace ../../`, so they are not on any module proxy; they are read
-# from cert-manager's git repository at the same tag (NMO_CERT_MANAGER_GIT:
-# a URL, default GitHub, or a local clone for machines without GitHub). The
-# build is then upstream's own: `go build` in cmd/<binary> of that tree.
-# A dependency the module proxy refuses (this machine's proxy serves no
-# github.com/Venafi/vcert/v5 >= v5.13) is taken from its git repository at the
-# required tag (NMO_CERT_MANAGER_VCERT_GIT) through a directory `replace`.
+# through `replace ../../`, so they are not on any module proxy. They come
+# from, in this order:
+#   1. NMO_CERT_MANAGER_GIT when set: a git URL or a local clone with the tag;
+#   2. the `git archive` snapshot cert-manager-<version>-cmd.tar.gz in
+#      ../shared/third_party (NMO_THIRD_PARTY_DIR overrides where), checked
+#      against that directory's SHA256SUMS and extracted into the build
+#      directory under the cache, never into the repository;
+#   3. GitHub at the tag.
+# One log line says which. The build is then upstream's own: `go build` in
+# cmd/<binary> of that tree. A dependency the module proxy refuses (this
+# machine's proxy serves no github.com/Venafi/vcert/v5 >= v5.13) is taken the
+# same way (NMO_CERT_MANAGER_VCERT_GIT, then vcert-<version>.tar.gz, then
+# GitHub) through a directory `replace`.
 #
 # Idempotent and resumable: each binary is built into a temporary name and
 # renamed when complete; the Go module cache keeps downloaded sources.
 set -euo pipefail
 
-# v1.21.1, not v1.21.2: the cmd/ sources come from git at the tag, and the only
-# cert-manager repository this machine reaches (no GitHub here) is a snapshot
-# from before v1.21.2; the two releases' CRDs are byte-identical. With GitHub
-# access NMO_CERT_MANAGER_VERSION=v1.21.2 builds the same way.
+# v1.21.1, not v1.21.2: the cmd/ sources without GitHub are
+# ../shared/third_party's snapshot of v1.21.1; the two releases' CRDs are
+# byte-identical. With GitHub access NMO_CERT_MANAGER_VERSION=v1.21.2 builds
+# the same way.
 VERSION=${NMO_CERT_MANAGER_VERSION:-v1.21.1}
 MODULE=github.com/cert-manager/cert-manager
-GIT_SOURCE=${NMO_CERT_MANAGER_GIT:-https://github.com/cert-manager/cert-manager.git}
-VCERT_GIT=${NMO_CERT_MANAGER_VCERT_GIT:-https://github.com/Venafi/vcert.git}
+CERT_MANAGER_GITHUB=https://github.com/cert-manager/cert-manager.git
+VCERT_GITHUB=https://github.com/Venafi/vcert.git
+THIRD_PARTY=${NMO_THIRD_PARTY_DIR:-$(cd "$(dirname "$0")/.." && pwd)/../shared/third_party}
 CACHE_ROOT=${NMO_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nmo}
 BIN_DIR="$CACHE_ROOT/cert-manager/$VERSION/bin"
 CRD_DIR="$CACHE_ROOT/cert-manager/$VERSION/crds" # what hack/cert-manager-crds.sh caches
@@ -61,8 +68,6 @@ fi
 
 command -v go >/dev/null 2>&1 \
   || die "Go is not installed or not on PATH; it is needed to build cert-manager $VERSION (install Go >= 1.26 from https://go.dev/dl/ and re-run)"
-command -v git >/dev/null 2>&1 \
-  || die "git is not installed; it is needed to read cert-manager's cmd/ sources at $VERSION (apt-get install git)"
 
 mkdir -p "$BIN_DIR" "$WORK_DIR"
 # One build at a time per version (parallel `make test` runs share the cache);
@@ -86,6 +91,7 @@ library() { # the root module, from the Go module proxy
 
 git_archive() { # source tag outdir path... : files of a git tag, from a URL or a local clone
   local src=$1 tag=$2 out=$3 clone; shift 3
+  command -v git >/dev/null 2>&1 || die "git is not installed; it is needed to read $src (apt-get install git)"
   mkdir -p "$out"
   if [ -d "$src" ]; then
     git --git-dir="$(git -C "$src" rev-parse --absolute-git-dir 2>/dev/null || echo "$src")" \
@@ -98,21 +104,52 @@ git_archive() { # source tag outdir path... : files of a git tag, from a URL or 
   fi
 }
 
-mains() { # cmd/controller and cmd/cainjector, from git at the same tag
-  git_archive "$GIT_SOURCE" "$VERSION" "$SRC.tmp" cmd/controller cmd/cainjector \
-    || die "could not read cmd/controller and cmd/cainjector at $VERSION from $GIT_SOURCE; without GitHub access set NMO_CERT_MANAGER_GIT to a local clone of cert-manager that has the tag $VERSION"
+snapshot() { # archive outdir path... : a third_party snapshot, checksum verified, unpacked
+  local archive=$1 out=$2 name want got; shift 2
+  name=$(basename "$archive")
+  [ -f "$THIRD_PARTY/SHA256SUMS" ] \
+    || die "$THIRD_PARTY has $name but no SHA256SUMS to check it against"
+  want=$(awk -v f="$name" '$2 == f || $2 == "*" f { print $1 }' "$THIRD_PARTY/SHA256SUMS")
+  [ -n "$want" ] || die "$THIRD_PARTY/SHA256SUMS has no checksum for $name"
+  got=$(sha256sum "$archive" | cut -d' ' -f1)
+  [ "$got" = "$want" ] \
+    || die "checksum mismatch for $archive: SHA256SUMS says $want, the file is $got; the archive is damaged or not the one released with the checksums (copy ../shared/third_party again, or set the git variable named above to a clone)"
+  mkdir -p "$out"
+  # git archive snapshots hold one top directory (<project>-<tag>/).
+  tar -xzf "$archive" -C "$out" --strip-components=1 --wildcards "${@/#/*/}" \
+    || die "could not unpack ${*:-everything} from $archive"
+}
+
+fetch_source() { # what variable default_url archive tag outdir path... : from git, a snapshot or GitHub
+  local what=$1 var=$2 url=$3 archive=$4 tag=$5 out=$6; shift 6
+  if [ -n "${!var:-}" ]; then
+    log "$what: $tag from ${!var} ($var)"
+    git_archive "${!var}" "$tag" "$out" "$@" \
+      || die "could not read ${*:-the tree} at $tag from ${!var} ($var): it needs the tag $tag"
+  elif [ -f "$THIRD_PARTY/$archive" ]; then
+    log "$what: $tag from $THIRD_PARTY/$archive (checksum verified)"
+    snapshot "$THIRD_PARTY/$archive" "$out" "$@"
+  else
+    log "$what: $tag from $url (no $archive in $THIRD_PARTY)"
+    git_archive "$url" "$tag" "$out" "$@" \
+      || die "could not read ${*:-the tree} at $tag from $url and $THIRD_PARTY has no $archive; without GitHub access put the archive there (NMO_THIRD_PARTY_DIR) or set $var to a local clone that has the tag $tag"
+  fi
+}
+
+mains() { # cmd/controller and cmd/cainjector, at the same tag
+  fetch_source "cert-manager's cmd/ sources" NMO_CERT_MANAGER_GIT "$CERT_MANAGER_GITHUB" \
+    "cert-manager-$VERSION-cmd.tar.gz" "$VERSION" "$SRC.tmp" cmd/controller cmd/cainjector
   grep -q '^replace github.com/cert-manager/cert-manager => ../../' "$SRC.tmp/cmd/controller/go.mod" \
     || die "$VERSION's cmd/controller/go.mod does not build against ../../ as expected; this script knows cert-manager >= v1.12"
 }
 
-from_git_if_refused() { # module giturl
-  local mod=$1 url=$2 ver rel=".nmo-git/${1//\//_}" m
+from_source_if_refused() { # module var default_url archive_prefix
+  local mod=$1 var=$2 url=$3 prefix=$4 ver rel=".nmo-git/${1//\//_}" m
   ver=$(cd "$SRC.tmp/cmd/controller" && go list -m -f '{{.Version}}' "$mod") \
     || die "cannot resolve $mod in cmd/controller/go.mod"
   (cd "$SRC.tmp/cmd/controller" && go mod download "$mod@$ver") >/dev/null 2>&1 && return 0
-  log "WARNING: the Go module proxy refuses $mod@$ver; taking it from $url at the tag $ver"
-  git_archive "$url" "$ver" "$SRC.tmp/$rel" \
-    || die "the Go module proxy refuses $mod@$ver and $url has no tag $ver; set NMO_CERT_MANAGER_VCERT_GIT to a clone that has it"
+  log "the Go module proxy refuses $mod@$ver; taking it from its sources"
+  fetch_source "$mod" "$var" "$url" "$prefix-$ver.tar.gz" "$ver" "$SRC.tmp/$rel"
   for m in cmd/controller cmd/cainjector; do
     (cd "$SRC.tmp/$m" && go mod edit -replace "$mod=../../$rel")
   done
@@ -129,7 +166,7 @@ if [ ! -f "$SRC/.complete" ]; then
   t0=$SECONDS
   library
   mains
-  from_git_if_refused github.com/Venafi/vcert/v5 "$VCERT_GIT"
+  from_source_if_refused github.com/Venafi/vcert/v5 NMO_CERT_MANAGER_VCERT_GIT "$VCERT_GITHUB" vcert
   touch "$SRC.tmp/.complete"
   rm -rf "$SRC"; mv "$SRC.tmp" "$SRC"
   log "sources ready in $((SECONDS - t0))s"
