@@ -70,7 +70,7 @@ trap cleanup EXIT
 
 # The system's storage driver, in a storage.conf of the walk's own.
 driver=$(sed -n 's/^[[:space:]]*driver[[:space:]]*=[[:space:]]*"\(.*\)".*/\1/p' \
-    /etc/containers/storage.conf 2>/dev/null | head -1)
+    /etc/containers/storage.conf 2>/dev/null | head -1 || true)
 driver=${driver:-overlay}
 
 hostdeps_before=$("$REPO/hack/host-deps.sh" --check >/dev/null 2>&1 && echo present || echo missing)
