@@ -104,8 +104,8 @@ git_archive() { # source tag outdir path... : files of a git tag, from a URL or 
   fi
 }
 
-snapshot() { # archive outdir path... : a third_party snapshot, checksum verified, unpacked
-  local archive=$1 out=$2 name want got; shift 2
+snapshot() { # archive var outdir path... : a third_party snapshot, checksum verified, unpacked
+  local archive=$1 var=$2 out=$3 name want got; shift 3
   name=$(basename "$archive")
   [ -f "$THIRD_PARTY/SHA256SUMS" ] \
     || die "$THIRD_PARTY has $name but no SHA256SUMS to check it against"
@@ -113,7 +113,7 @@ snapshot() { # archive outdir path... : a third_party snapshot, checksum verifie
   [ -n "$want" ] || die "$THIRD_PARTY/SHA256SUMS has no checksum for $name"
   got=$(sha256sum "$archive" | cut -d' ' -f1)
   [ "$got" = "$want" ] \
-    || die "checksum mismatch for $archive: SHA256SUMS says $want, the file is $got; the archive is damaged or not the one released with the checksums (copy ../shared/third_party again, or set the git variable named above to a clone)"
+    || die "checksum mismatch for $archive: SHA256SUMS says $want, the file is $got; the archive is damaged or not the one released with the checksums (copy ../shared/third_party again, or set $var to a git clone that has the tag)"
   mkdir -p "$out"
   # git archive snapshots hold one top directory (<project>-<tag>/).
   tar -xzf "$archive" -C "$out" --strip-components=1 --wildcards "${@/#/*/}" \
@@ -127,8 +127,8 @@ fetch_source() { # what variable default_url archive tag outdir path... : from g
     git_archive "${!var}" "$tag" "$out" "$@" \
       || die "could not read ${*:-the tree} at $tag from ${!var} ($var): it needs the tag $tag"
   elif [ -f "$THIRD_PARTY/$archive" ]; then
+    snapshot "$THIRD_PARTY/$archive" "$var" "$out" "$@"
     log "$what: $tag from $THIRD_PARTY/$archive (checksum verified)"
-    snapshot "$THIRD_PARTY/$archive" "$out" "$@"
   else
     log "$what: $tag from $url (no $archive in $THIRD_PARTY)"
     git_archive "$url" "$tag" "$out" "$@" \
