@@ -106,6 +106,8 @@ RUNS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "help": (None, ("--help",)),
     "crd": (None, ("crd",)),
     "manager": ("/manager", ("--help",)),
+    # A pod spec written for the Go NMO's image gives only args: they run the operator.
+    "go-args": (None, ("--leader-elect", "--help")),
     "probe": ("/opt/nmo/bin/python", ("-c", PROBE)),
 }
 
@@ -140,6 +142,8 @@ def test_a_second_build_with_the_same_inputs_is_skipped(image: str) -> None:
 def test_entry_points(out: dict[str, str]) -> None:
     assert out["version"].strip() == f"nmo {nmo.__version__}"
     assert "--in-cluster" in out["manager"] and "--leader-elect" in out["manager"]
+    go_args = out["go-args"]  # args alone run the operator, as /manager does
+    assert "--in-cluster" in go_args and "--leader-elect" in go_args, go_args
 
 
 def test_the_cli_is_the_operator_and_its_tools_only(out: dict[str, str]) -> None:

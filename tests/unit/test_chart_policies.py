@@ -397,3 +397,18 @@ def test_documented_values_exist() -> None:
         for key in path.split("."):
             assert isinstance(node, dict) and key in node, f"docs/install.md names {path}"
             node = node[key]
+
+
+# -- the Go NMO's selector label -------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [[], OPENSHIFT, ["--set", "deployment.replicas=1"]])
+def test_the_operator_pod_carries_the_go_nmo_label(
+    helm_env: dict[str, str], values: list[str]
+) -> None:
+    """``kubectl get pods -l node-maintenance-operator=`` (scripts, the Go NMO's e2e
+    suite) finds the operator pod; the selector stays as it was (it is immutable)."""
+    deployment = one(render(helm_env, *values), "Deployment", "-controller-manager")
+    assert deployment["spec"]["template"]["metadata"]["labels"]["node-maintenance-operator"] == ""
+    assert deployment["metadata"]["labels"]["node-maintenance-operator"] == ""
+    assert "node-maintenance-operator" not in deployment["spec"]["selector"]["matchLabels"]

@@ -421,3 +421,82 @@ def test_a_bad_status_heartbeat_is_refused(value: str, capsys: pytest.CaptureFix
         main(["run", "--status-heartbeat", value])
     assert exited.value.code == 2
     assert "argument --status-heartbeat: " in capsys.readouterr().err
+
+
+# -- a pod spec that gives only args (the Go image's entry point is the operator)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--leader-elect"], ["run", "--leader-elect"]),
+        (
+            ["--health-probe-bind-address=:8081", "--metrics-bind-address=:8443"],
+            [
+                "run",
+                *normalize(["--health-probe-bind-address=:8081", "--metrics-bind-address=:8443"]),
+            ],
+        ),
+        (["-leader-elect"], ["run", *normalize(["-leader-elect"])]),
+        (["run", "--leader-elect"], ["run", "--leader-elect"]),
+        (["version"], ["version"]),
+        (["--help"], ["--help"]),
+        (["-h"], ["-h"]),
+        ([], []),
+    ],
+)
+def test_arguments_that_start_with_a_flag_are_runs(argv: list[str], expected: list[str]) -> None:
+    from nmo.cli import command_line
+
+    assert command_line(argv) == expected
+
+
+def test_only_go_args_run_the_operator_parser() -> None:
+    from nmo.cli import command_line
+
+    args = build_parser().parse_args(command_line(["--leader-elect", "--enable-http2=false"]))
+    assert args.command == "run"
+    assert args.leader_elect is True
+
+
+def test_an_unknown_flag_alone_still_fails_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-such-flag"])
+    assert exc.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_the_default_cert_dir_is_go_os_tempdir_and_probes_no_file(tmp_path: Path) -> None:
+    """controller-runtime's default is os.TempDir()/k8s-webhook-server/serving-certs:
+    ``$TMPDIR`` as it is, even when it does not exist (the Go CSV's read-only root
+    has no writable temporary directory, and importing nmo must not fail there)."""
+    import subprocess
+    import sys
+
+    missing = tmp_path / "no-such-dir"
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(missing)}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from nmo.cli.defaults import CONTROLLER_RUNTIME_CERT_DIR as d; print(d)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == f"{missing}/k8s-webhook-server/serving-certs"
+    env.pop("TMPDIR")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from nmo.cli.defaults import CONTROLLER_RUNTIME_CERT_DIR as d; print(d)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert out == "/tmp/k8s-webhook-server/serving-certs"

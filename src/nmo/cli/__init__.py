@@ -568,13 +568,27 @@ def _run_error(message: str) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def command_line(argv: list[str]) -> list[str]:
+    """The arguments as the parser reads them.
+
+    Arguments that start with a flag (not ``-h``/``--help``) are ``run``'s:
+    a pod spec written for the Go NMO's image, whose entry point is the
+    operator, gives only ``args`` (``--leader-elect``, ...), and nmo's image
+    runs ``nmo`` with them. ``run``'s Go flags are normalized
+    (:mod:`nmo.cli.goflags`; raises :class:`goflags.GoFlagError`).
+    """
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]
     if argv[:1] == ["run"]:
-        try:
-            argv = ["run", *goflags.normalize(argv[1:])]
-        except goflags.GoFlagError as exc:
-            return _run_error(str(exc))
+        argv = ["run", *goflags.normalize(argv[1:])]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        argv = command_line(list(sys.argv[1:] if argv is None else argv))
+    except goflags.GoFlagError as exc:
+        return _run_error(str(exc))
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"nmo {__version__}")

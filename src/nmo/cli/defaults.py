@@ -24,7 +24,7 @@ The environment and the file system are parameters, so the tests need no pod.
 
 from __future__ import annotations
 
-import tempfile
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -33,8 +33,11 @@ from nmo.api import constants as c
 
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 IN_POD_SHUTDOWN_DELAY: Final = 5.0
+# controller-runtime's default: Go's os.TempDir() ($TMPDIR, else /tmp), which
+# looks at no file. tempfile.gettempdir() probes for a writable directory and
+# raises where there is none (the Go CSV's read-only root without /tmp).
 CONTROLLER_RUNTIME_CERT_DIR: Final = str(
-    Path(tempfile.gettempdir()) / "k8s-webhook-server" / "serving-certs"
+    Path(os.environ.get("TMPDIR") or "/tmp") / "k8s-webhook-server" / "serving-certs"
 )
 
 
