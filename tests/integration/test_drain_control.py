@@ -427,15 +427,10 @@ async def test_unknown_drain_rule_blocks_instead_of_evicting(
 # -- order -------------------------------------------------------------------------
 
 
-async def test_drain_order_and_critical_pods_last(
-    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
-) -> None:
-    (node,) = await node_factory(1)
-    await bare_pod(api, namespace, "late", node, annotations={ORDER: "1"})
-    await bare_pod(api, namespace, "first", node, grace=2)
-    await bare_pod(api, namespace, "critical", node, priority_class="system-cluster-critical")
-    await bare_pod(api, namespace, "early", node, annotations={ORDER: "-1"}, grace=2)
-    await running(api, namespace, ["late", "first", "critical", "early"])
+async def _evictions_and_departures(
+    api: Api, sandbox: Sandbox, node: str
+) -> tuple[str, dict[str, datetime], dict[str, datetime]]:
+    """Maintain ``node`` to Succeeded: (the CR, each pod's eviction, each pod's departure)."""
     window = await AuditWindow.open(sandbox)
     name = await create_nm(api, node)
     await wait_phase(api, name, "Succeeded", timeout=90)
@@ -450,6 +445,41 @@ async def test_drain_order_and_critical_pods_last(
     for e in events:
         if e.on("pods") and e.verb == "delete" and not e.is_nmo and e.code == 200:
             left[e.name] = e.received
+    return name, evicted, left
+
+
+async def test_critical_pods_are_evicted_with_the_others_by_default(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    """The Go NMO evicts every pod at once; so does nmo without --critical-pods-last."""
+    (node,) = await node_factory(1)
+    await bare_pod(api, namespace, "web", node, grace=5)
+    await bare_pod(api, namespace, "critical", node, priority_class="system-cluster-critical")
+    await running(api, namespace, ["web", "critical"])
+    name, evicted, left = await _evictions_and_departures(api, sandbox, node)
+    print(f"evictions: {evicted}; left: {left}")
+    assert set(evicted) == {"web", "critical"}, evicted
+    assert evicted["critical"] < left["web"], (evicted, left)
+    await remove_nm(api, name)
+
+
+async def test_drain_order_and_critical_pods_last(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    (node,) = await node_factory(1)
+    await bare_pod(api, namespace, "late", node, annotations={ORDER: "1"})
+    await bare_pod(api, namespace, "first", node, grace=2)
+    await bare_pod(api, namespace, "critical", node, priority_class="system-cluster-critical")
+    await bare_pod(api, namespace, "early", node, annotations={ORDER: "-1"}, grace=2)
+    await running(api, namespace, ["late", "first", "critical", "early"])
+    saved = list(operator.extra)
+    operator.extra = [*saved, "--critical-pods-last"]
+    try:
+        await operator.restart()
+        name, evicted, left = await _evictions_and_departures(api, sandbox, node)
+    finally:
+        operator.extra = saved
+        await operator.restart()
     order = sorted(evicted, key=lambda n: evicted[n])
     print(f"evictions: {[(n, evicted[n].isoformat()) for n in order]}; left: {left}")
     assert order == ["early", "first", "critical", "late"], order

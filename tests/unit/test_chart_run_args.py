@@ -35,3 +35,11 @@ def test_the_chart_can_turn_it_off_for_one_replica(helm_env: dict[str, str]) -> 
         "--set", "deployment.replicas=1",
     )  # fmt: skip
     assert _settings(manager_args(docs)).engine.leader_election is False
+
+
+def test_critical_pods_last_is_off_unless_the_chart_turns_it_on(helm_env: dict[str, str]) -> None:
+    """The Go NMO evicts every pod at once; drain.criticalPodsLast opts in."""
+    assert _settings(manager_args(render(helm_env))).engine.plan.critical_last is False
+    docs = render(helm_env, "--set", "drain.criticalPodsLast=true")
+    assert _settings(manager_args(docs)).engine.plan.critical_last is True
+    assert build_parser().parse_args(["run"]).critical_pods_last is False

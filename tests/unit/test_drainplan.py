@@ -197,15 +197,25 @@ def test_drain_matrix(
 # -- focused tables ------------------------------------------------------------------
 
 
-def test_order_key_critical_last_within_an_order() -> None:
-    keys = {
-        "a": order_key(pod("a")),
-        "b": order_key(pod("b", critical=True)),
-        "c": order_key(pod("c", order="1")),
-        "d": order_key(pod("d", order="-2", critical=True)),
-        "e": order_key(pod("e", order="oops")),
+def test_order_key_critical_last_within_an_order_when_asked() -> None:
+    pods = {
+        "a": pod("a"),
+        "b": pod("b", critical=True),
+        "c": pod("c", order="1"),
+        "d": pod("d", order="-2", critical=True),
+        "e": pod("e", order="oops"),
     }
+    keys = {k: order_key(p, critical_last=True) for k, p in pods.items()}
     assert sorted(keys, key=lambda k: keys[k]) == ["d", "a", "e", "b", "c"]
+    # Off by default (the Go NMO): a critical pod is one of its order like any other.
+    keys = {k: order_key(p) for k, p in pods.items()}
+    assert sorted(keys, key=lambda k: keys[k]) == ["d", "a", "b", "e", "c"]
+
+
+def test_critical_pods_are_evicted_with_the_others_by_default() -> None:
+    pods = [pod("a"), pod("b", critical=True)]
+    out = plan_drain(select_pods(pods, no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    assert [p["metadata"]["name"] for p in out.survey.due] == ["a", "b"]
 
 
 def test_unreadable_order_is_a_warning_and_order_zero() -> None:
@@ -220,7 +230,8 @@ def test_forced_grace_is_the_pods_own_never_zero(grace: int | None, used: int) -
 
 def test_only_the_lowest_order_is_due_and_held_pods_say_why() -> None:
     pods = [pod("a"), pod("b", critical=True), pod("c", order="2")]
-    out = plan_drain(select_pods(pods, no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    sel = select_pods(pods, no_ds)
+    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW, critical_last=True)
     assert [p["metadata"]["name"] for p in out.survey.due] == ["a"]
     details = {d.name: d for d in out.survey.report.details}
     assert details["b"].reason == "Waiting"

@@ -196,17 +196,27 @@ def test_no_pods() -> None:
 # -- drain order --------------------------------------------------------------------
 
 
+ORDERED = [
+    pod("late", order="10"),
+    pod("early", order="-1"),
+    pod("dns", critical=True),
+    pod("web"),
+    pod("job", labels={RULE: "wait-completed"}),
+    pod("bad", order="soon"),
+]
+
+
+def test_order_groups_lowest_first_critical_with_the_others_by_default() -> None:
+    result = plan(ORDERED)
+    assert [(g.label, g.pods) for g in result.groups] == [
+        ("order -1", ("shop/early",)),
+        ("order 0", ("shop/bad", "shop/dns", "shop/job", "shop/web")),
+        ("order 10", ("shop/late",)),
+    ]
+
+
 def test_order_groups_lowest_first_critical_last() -> None:
-    result = plan(
-        [
-            pod("late", order="10"),
-            pod("early", order="-1"),
-            pod("dns", critical=True),
-            pod("web"),
-            pod("job", labels={RULE: "wait-completed"}),
-            pod("bad", order="soon"),
-        ]
-    )
+    result = plan(ORDERED, critical_last=True)
     assert [(g.label, g.pods) for g in result.groups] == [
         ("order -1", ("shop/early",)),
         ("order 0", ("shop/bad", "shop/job", "shop/web")),

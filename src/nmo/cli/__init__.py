@@ -132,6 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Delete deletes the remaining pods (bypassing PDBs), Abort restores the node "
         "and fails the maintenance",
     )
+    eng.add_argument(
+        "--critical-pods-last",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="within one drain order, evict pods of the system-cluster-critical and "
+        "system-node-critical priority classes after the others (default: off, every "
+        "pod at once, as the Go NMO)",
+    )
     fleet = run.add_argument_group("fleet budget and maintenance window")
     fleet.add_argument(
         "--max-parallel-maintenances",
@@ -428,6 +436,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             heartbeat=args.status_heartbeat,
             drain_timeout=args.drain_timeout,
             on_timeout=OnTimeout(args.drain_on_timeout),
+            critical_last=args.critical_pods_last,
         ),
     )
     if args.identity:

@@ -98,6 +98,12 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         help="evict only the pods matching this label selector, as spec.drain.podSelector "
         "would (kubectl -l syntax, e.g. 'app=web,tier!=db')",
     )
+    p.add_argument(
+        "--critical-pods-last",
+        action="store_true",
+        help="order the drain as an operator started with --critical-pods-last does "
+        "(critical priority classes after the others)",
+    )
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
 
@@ -389,7 +395,9 @@ async def plan(args: argparse.Namespace) -> int:
     try:
         for node in dict.fromkeys(args.nodes):
             try:
-                results.append(await plan_node(kube, node, selector))
+                results.append(
+                    await plan_node(kube, node, selector, critical_last=args.critical_pods_last)
+                )
             except (NodeMissing, KubeError) as exc:
                 errors[node] = str(exc)
                 err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)

@@ -63,7 +63,11 @@ async def observe(kube: Kube, node: str) -> NodeState:
 
 
 async def plan_node(
-    kube: Kube, node: str, pod_selector: Mapping[str, Any] | None = None
+    kube: Kube,
+    node: str,
+    pod_selector: Mapping[str, Any] | None = None,
+    *,
+    critical_last: bool = False,
 ) -> pf.Preflight:
     """Observe ``node`` and compute its preflight."""
     state = await observe(kube, node)
@@ -73,4 +77,5 @@ async def plan_node(
         state.pdbs,
         lambda key: state.daemonsets.get(key, True),
         pod_selector,
+        critical_last=critical_last,
     )

@@ -140,8 +140,15 @@ def _s(n: int) -> str:
     return "" if n == 1 else "s"
 
 
-def _line(pod: Obj, reason: str = "", message: str = "", budgets: Sequence[str] = ()) -> PodLine:
-    order, critical = order_key(pod)
+def _line(
+    pod: Obj,
+    reason: str = "",
+    message: str = "",
+    budgets: Sequence[str] = (),
+    *,
+    critical_last: bool = False,
+) -> PodLine:
+    order, critical = order_key(pod, critical_last=critical_last)
     return PodLine(
         namespace=pod_namespace(pod),
         name=pod_name(pod),
@@ -168,19 +175,30 @@ def preflight(
     pdbs: Iterable[Obj],
     daemonset_exists: Callable[[str], bool],
     pod_selector: Mapping[str, Any] | None = None,
+    *,
+    critical_last: bool = False,
 ) -> Preflight:
-    """What draining ``node`` would do now, from its pods, their PDBs and DaemonSets."""
+    """What draining ``node`` would do now, from its pods, their PDBs and DaemonSets
+    (``critical_last``: as an operator started with ``--critical-pods-last``)."""
     sel = select_pods(pods, daemonset_exists, pod_selector)
     budgets = budgets_for(sel.evict, pdbs)
     covering: dict[str, list[str]] = {}
     for cov in budgets.coverage:
         for key in (*cov.pods, *cov.passing):
             covering.setdefault(key, []).append(cov.key)
-    evict = [_line(p, budgets=sorted(covering.get(pod_key(p), []))) for p in sel.evict]
+    evict = [
+        _line(p, budgets=sorted(covering.get(pod_key(p), [])), critical_last=critical_last)
+        for p in sel.evict
+    ]
     waited = [
-        _line(p, REASON_WAIT_COMPLETED, "labelled wait-completed: waiting for it to complete")
+        _line(
+            p,
+            REASON_WAIT_COMPLETED,
+            "labelled wait-completed: waiting for it to complete",
+            critical_last=critical_last,
+        )
         for p in sel.wait
-    ] + [_line(p, REASON_INVALID_RULE, why) for p, why in sel.invalid]
+    ] + [_line(p, REASON_INVALID_RULE, why, critical_last=critical_last) for p, why in sel.invalid]
     skipped = [
         _line(p, Skip.MIRROR, "mirror (static) pod, managed by the kubelet") for p in sel.mirror
     ]
@@ -202,7 +220,7 @@ def preflight(
     ]
     groups: dict[tuple[int, int], list[str]] = {}
     for p in (*sel.evict, *sel.waited):
-        groups.setdefault(order_key(p), []).append(pod_key(p))
+        groups.setdefault(order_key(p, critical_last=critical_last), []).append(pod_key(p))
     # The skipped pods are listed with their reasons already.
     warnings = [w for w in sel.warnings if not w.startswith(_LISTED_WARNINGS)]
     return Preflight(

@@ -109,9 +109,14 @@ class DrainPlan:
     condition: Condition
 
 
-def _hold(selection: Selection) -> tuple[dict[str, str], tuple[int, int] | None]:
+def _hold(
+    selection: Selection, *, critical_last: bool
+) -> tuple[dict[str, str], tuple[int, int] | None]:
     """Evictable pods not due yet because an earlier order is still on the node."""
-    keys = {pod_key(p): order_key(p) for p in (*selection.evict, *selection.waited)}
+    keys = {
+        pod_key(p): order_key(p, critical_last=critical_last)
+        for p in (*selection.evict, *selection.waited)
+    }
     if not keys:
         return {}, None
     current = min(keys.values())
@@ -127,9 +132,10 @@ def plan_drain(
     *,
     tick: float,
     now: datetime,
+    critical_last: bool = False,
 ) -> DrainPlan:
     """One pass of the node's drain (see the module docstring)."""
-    hold, _ = _hold(selection)
+    hold, _ = _hold(selection, critical_last=critical_last)
     waited = [
         (p, REASON_WAIT_COMPLETED, "labelled wait-completed: waiting for it to complete")
         for p in selection.wait

@@ -68,6 +68,7 @@ class PlanSettings:
     on_timeout: OnTimeout = OnTimeout.REPORT  # operator default for spec.drain.onTimeout
     queue_recheck: float = 30.0  # a queued CR is looked at again at least this often
     heartbeat: float = 60.0  # lastUpdate of a Pending or Running CR is never older than this
+    critical_last: bool = False  # --critical-pods-last: critical pods after the others (opt-in)
 
 
 SETTINGS = PlanSettings()
@@ -308,7 +309,15 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         nm, now, default_timeout=settings.drain_timeout, default_action=settings.on_timeout
     )
     st = status.drain_timing(st, start=deadline.start, deadline=deadline.at)
-    plan_ = drainplan.plan_drain(selection, obs.drain, obs.pdbs, deadline, tick=obs.tick, now=now)
+    plan_ = drainplan.plan_drain(
+        selection,
+        obs.drain,
+        obs.pdbs,
+        deadline,
+        tick=obs.tick,
+        now=now,
+        critical_last=settings.critical_last,
+    )
     drain, report, cond = plan_.survey, plan_.survey.report, plan_.condition
     st = status.with_condition(
         st,

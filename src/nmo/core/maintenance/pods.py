@@ -30,9 +30,10 @@ nmo's drain rules (issue 12) come after those filters:
   it is not evicted and blocks the drain until the label is fixed.
 
 Order: the ``nodemaintenance.medik8s.io/drain-order`` annotation (an
-integer, lowest first, default 0); within one order, pods of the
-``system-cluster-critical`` and ``system-node-critical`` priority classes go
-last (:func:`order_key`).
+integer, lowest first, default 0); within one order, and only when the
+operator is started with ``--critical-pods-last`` (off by default: the Go NMO
+evicts every pod at once), pods of the ``system-cluster-critical`` and
+``system-node-critical`` priority classes go last (:func:`order_key`).
 """
 
 from __future__ import annotations
@@ -131,9 +132,10 @@ def is_critical(pod: Pod) -> bool:
     return (pod.get("spec") or {}).get("priorityClassName") in c.CRITICAL_PRIORITY_CLASSES
 
 
-def order_key(pod: Pod) -> tuple[int, int]:
-    """Drain order: the annotation first, then critical pods last within it."""
-    return drain_order(pod)[0], 1 if is_critical(pod) else 0
+def order_key(pod: Pod, *, critical_last: bool = False) -> tuple[int, int]:
+    """Drain order: the annotation first, then (with ``critical_last``) critical
+    pods last within it."""
+    return drain_order(pod)[0], 1 if critical_last and is_critical(pod) else 0
 
 
 def describe_order(key: tuple[int, int]) -> str:
