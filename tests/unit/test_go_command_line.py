@@ -500,3 +500,34 @@ def test_the_default_cert_dir_is_go_os_tempdir_and_probes_no_file(tmp_path: Path
         check=True,
     ).stdout.strip()
     assert out == "/tmp/k8s-webhook-server/serving-certs"
+
+
+# -- every interface, both families, by default (IPv6 clusters) -------------------
+
+
+def test_the_default_bind_address_is_every_interface_of_both_families() -> None:
+    args = build_parser().parse_args(["run"])
+    settings = server_settings(args)
+    assert settings.bind_address == ""
+    sock = bind(settings.bind_address, 0)
+    try:
+        if socket.has_dualstack_ipv6():
+            assert sock.family == socket.AF_INET6
+            assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+            port = sock.getsockname()[1]
+            for family, loopback in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
+                with socket.socket(family, socket.SOCK_STREAM) as client:
+                    client.settimeout(5)
+                    client.connect((loopback, port))  # accepted by the kernel's backlog
+        else:
+            assert sock.family == socket.AF_INET
+    finally:
+        sock.close()
+
+
+def test_the_webhook_url_in_the_log_brackets_ipv6() -> None:
+    from nmo.webhooks.servers import url_host
+
+    assert url_host("::1") == "[::1]"
+    assert url_host("127.0.0.1") == "127.0.0.1"
+    assert url_host("") in ("[::]", "0.0.0.0")

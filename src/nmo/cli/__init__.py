@@ -209,7 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     le.add_argument("--leader-retry-period", type=float, default=2.0)
     le.add_argument("--identity", default=os.environ.get("POD_NAME") or None)
     srv = run.add_argument_group("servers")
-    srv.add_argument("--bind-address", default="0.0.0.0")
+    srv.add_argument(
+        "--bind-address",
+        default="",
+        help="where the webhook (and the probes and metrics without their Go flags) "
+        "listen; default: every interface, IPv6 and IPv4 (dual-stack '::', or 0.0.0.0 "
+        "on a host without IPv6), as the Go NMO's ':9443'",
+    )
     srv.add_argument("--webhook-port", type=int, default=9443)
     srv.add_argument("--health-probe-port", type=int, default=None, help="default 8081")
     srv.add_argument("--metrics-port", type=int, default=None, help="default 8443")

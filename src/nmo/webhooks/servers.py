@@ -75,7 +75,7 @@ log = logging.getLogger("nmo.webhooks.servers")
 class ServerSettings:
     """Where and how the servers listen. A port of None turns a server off."""
 
-    bind_address: str = "0.0.0.0"
+    bind_address: str = ""  # every interface, both families (see bind)
     # Per-server hosts (the Go flags --health-probe-bind-address and
     # --metrics-bind-address); None: ``bind_address``; "": every interface.
     probes_bind_address: str | None = None
@@ -173,6 +173,13 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it: brackets around IPv6, and what ``""`` binds."""
+    if host == "":
+        host = "::" if socket.has_dualstack_ipv6() else "0.0.0.0"
+    return f"[{host}]" if ":" in host else host
 
 
 SHARED_MEMORY = "/dev/shm"
@@ -370,7 +377,9 @@ class Servers:
         self.webhook.reason = None
         log.info(
             "webhook server for maintenance admission listening",
-            extra={"url": f"https://{s.bind_address}:{self.ports['webhook']}{WEBHOOK_PATH}"},
+            extra={
+                "url": f"https://{url_host(s.bind_address)}:{self.ports['webhook']}{WEBHOOK_PATH}"
+            },
         )
 
     async def _start(self, name: str, app: FastAPI, port: int, ctx: ssl.SSLContext | None) -> None:
