@@ -88,6 +88,8 @@ EVERYTHING_ON = [
     "--set",
     "prometheusRule.enabled=true",
     "--set",
+    "networkPolicy.enabled=true",
+    "--set",
     "networkPolicy.apiServer.cidrs={10.0.0.10/32}",
     "--set",
     "networkPolicy.probesFrom={10.0.0.0/16}",
@@ -906,7 +908,7 @@ async def test_template_accepted_by_the_apiserver(
         "Role", "RoleBinding", "ValidatingWebhookConfiguration",
     }  # fmt: skip
     if mode != "webhook-url":
-        expected |= {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+        expected |= {"Deployment", "Service", "PodDisruptionBudget"}  # no NetworkPolicy: opt-in
     expected |= {"cert-manager": {"Issuer", "Certificate"}, "helm-generated": {"Secret"}}.get(
         mode, set()
     )
@@ -941,6 +943,7 @@ async def test_network_policy_learns_the_apiservers_addresses(
     try:
         result = await helm(
             "template", RELEASE, str(CHART), "-n", NS, "--dry-run=server",
+            "--set", "networkPolicy.enabled=true",
             "--show-only", "templates/networkpolicy.yaml",
         )  # fmt: skip
         assert result.returncode == 0, describe(result)

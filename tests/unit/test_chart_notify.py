@@ -41,7 +41,7 @@ def test_url_and_timeout_render_into_the_manager_args(helm_env: dict[str, str]) 
 
 def test_the_network_policy_lets_the_receivers_port_out(helm_env: dict[str, str]) -> None:
     # docs/install.md says so: the chart's egress rules include notify.url's port.
-    docs = render(helm_env, "--set", "notify.url=http://r/")
+    docs = render(helm_env, "--set", "networkPolicy.enabled=true", "--set", "notify.url=http://r/")
     (policy,) = of_kind(docs, "NetworkPolicy")
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert {"ports": [{"port": 80, "protocol": "TCP"}]} in policy["spec"]["egress"]

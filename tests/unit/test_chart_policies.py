@@ -5,7 +5,8 @@
   policy) before, and ``webhook.matchConditions`` overriding the version.
 * ``openshift.etcdQuorumGuard``: auto follows the served APIs, true/false
   hold offline.
-* The NetworkPolicy, on by default: which port admits whom, which egress.
+* The NetworkPolicy, off by default (the Go NMO ships none): which port
+  admits whom, which egress.
   No CNI here enforces it; tests/integration/test_chart.py installs it.
 * The optional ValidatingAdmissionPolicy and least-privilege RBAC.
 """
@@ -157,6 +158,9 @@ def test_openshift_etcd_guard_value(
 # -- NetworkPolicy -----------------------------------------------------------------
 
 
+NP_ON = ["--set", "networkPolicy.enabled=true"]
+
+
 def policy(docs: list[Doc]) -> Doc:
     (np,) = of_kind(docs, "NetworkPolicy")
     return np
@@ -176,8 +180,13 @@ def blocks(peers: list[Doc] | None) -> list[str]:
     return [p["ipBlock"]["cidr"] for p in peers or [] if "ipBlock" in p]
 
 
-def test_network_policy_on_by_default_with_both_directions(helm_env: dict[str, str]) -> None:
-    docs = render(helm_env)
+def test_no_network_policy_by_default(helm_env: dict[str, str]) -> None:
+    assert of_kind(render(helm_env), "NetworkPolicy") == []
+    assert of_kind(render(helm_env, *OPENSHIFT), "NetworkPolicy") == []
+
+
+def test_network_policy_when_on_has_both_directions(helm_env: dict[str, str]) -> None:
+    docs = render(helm_env, *NP_ON)
     np = policy(docs)
     assert np["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert np["spec"]["podSelector"]["matchLabels"]["control-plane"] == "controller-manager"
@@ -206,6 +215,7 @@ def test_network_policy_with_the_apiserver_addresses(helm_env: dict[str, str]) -
     np = policy(
         render(
             helm_env,
+            *NP_ON,
             "--set", "networkPolicy.apiServer.cidrs={10.0.0.10/32,fd00::10/128}",
             "--set", "networkPolicy.probesFrom={10.0.0.0/16}",
             "--set", f"networkPolicy.webhookFrom[0].podSelector.matchLabels.k8s-app={AGENT}",
@@ -236,7 +246,7 @@ def test_network_policy_with_the_apiserver_addresses(helm_env: dict[str, str]) -
 def test_network_policy_lets_the_notify_port_out(
     helm_env: dict[str, str], url: str, port: int
 ) -> None:
-    np = policy(render(helm_env, "--set-string", f"notify.url={url}"))
+    np = policy(render(helm_env, *NP_ON, "--set-string", f"notify.url={url}"))
     notify = np["spec"]["egress"][-1]
     assert notify == {"ports": [{"port": port, "protocol": "TCP"}]}
 
@@ -245,6 +255,7 @@ def test_network_policy_extra_egress_and_its_absence(helm_env: dict[str, str]) -
     np = policy(
         render(
             helm_env,
+            *NP_ON,
             "--set", "networkPolicy.extraEgress[0].to[0].ipBlock.cidr=10.1.2.3/32",
             "--set", "networkPolicy.extraEgress[0].ports[0].port=8080",
         )
@@ -254,13 +265,17 @@ def test_network_policy_extra_egress_and_its_absence(helm_env: dict[str, str]) -
         "ports": [{"port": 8080}],
     }
     assert of_kind(render(helm_env, "--set", "networkPolicy.enabled=false"), "NetworkPolicy") == []
-    assert of_kind(render(helm_env, "--set", "deployment.enabled=false"), "NetworkPolicy") == []
+    assert (
+        of_kind(render(helm_env, *NP_ON, "--set", "deployment.enabled=false"), "NetworkPolicy")
+        == []
+    )
 
 
 def test_an_outside_webhook_opens_no_webhook_port(helm_env: dict[str, str]) -> None:
     np = policy(
         render(
             helm_env,
+            *NP_ON,
             "--set",
             "webhook.url=https://10.0.0.5:9443/x",
             "--set",
