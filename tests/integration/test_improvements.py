@@ -362,9 +362,16 @@ async def test_retry_after_above_the_cap_is_honoured_while_other_nodes_drain(
 
             await wait_for(quick_done, timeout=RETRY_AFTER, what=f"{second} Succeeded")
             quick_at = time.monotonic()
-            held = (await api.nm(first) or {}).get("status") or {}
+
+            async def held_says_why() -> dict[str, Any] | None:
+                # The refusal reaches the status with the next progress write
+                # (at most one per --status-interval), not necessarily before
+                # the other node's Succeeded.
+                st = (await api.nm(first) or {}).get("status") or {}
+                return st if "throttled by the test" in st.get("lastError", "") else None
+
+            held = await wait_for(held_says_why, timeout=10, what=f"{first}'s lastError")
             assert held.get("phase") == "Running" and held.get("pendingPods") == ["slow"]
-            assert "throttled by the test" in held.get("lastError", "")
 
             async def slow_done() -> bool:
                 return await api.phase(first) == "Succeeded"
