@@ -474,32 +474,13 @@ def test_the_default_cert_dir_is_go_os_tempdir_and_probes_no_file(tmp_path: Path
     import sys
 
     missing = tmp_path / "no-such-dir"
-    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(missing)}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from nmo.cli.defaults import CONTROLLER_RUNTIME_CERT_DIR as d; print(d)",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert out == f"{missing}/k8s-webhook-server/serving-certs"
-    env.pop("TMPDIR")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from nmo.cli.defaults import CONTROLLER_RUNTIME_CERT_DIR as d; print(d)",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert out == "/tmp/k8s-webhook-server/serving-certs"
+    probe = "from nmo.cli.defaults import CONTROLLER_RUNTIME_CERT_DIR as d; print(d)"
+    for tmpdir, expected in ((str(missing), str(missing)), (None, "/tmp")):
+        env = {"PATH": "/usr/bin:/bin"} | ({"TMPDIR": tmpdir} if tmpdir else {})
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == f"{expected}/k8s-webhook-server/serving-certs"
 
 
 # -- every interface, both families, by default (IPv6 clusters) -------------------
