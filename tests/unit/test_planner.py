@@ -398,11 +398,12 @@ def test_a_successful_request_clears_the_error_count() -> None:
 # -- ownership, prior state and adoption (B6, B7) ----------------------------
 
 
-def test_first_pass_records_owner_and_prior_state_on_the_node() -> None:
+def test_first_pass_records_prior_state_on_the_node_and_no_owner_on_the_cr() -> None:
     nm = nm_obj(finalizer=False, owned=False)
     plan = planner.plan(observed(nm, node=node_obj(cordoned=True), recall=Recall()))
     assert plan.metadata is not None
-    assert plan.metadata["ownerReferences"][0]["uid"] == "node-uid"
+    # B6 withdrawn: with a Node owner the CR was garbage-collected with its Node.
+    assert "ownerReferences" not in plan.metadata
     assert "annotations" not in plan.metadata  # the CR carries no prior state
     assert plan.node_patch is not None
     (record,) = [op for op in plan.node_patch if op["path"] == "/metadata/annotations"]
@@ -569,7 +570,8 @@ def test_blocked_pods_are_listed_first_with_their_budget() -> None:
     assert plan.status is not None
     first = plan.status.pending_pods_details[0]
     assert (first.name, first.reason, first.disruption_budget) == ("b", REASON_PDB, "web")
-    assert plan.status.last_error is not None and "needs 2" in plan.status.last_error
+    assert first.message == "needs 2"
+    assert plan.status.last_error is None, "the Go NMO writes none before a 30 s pass ends"
     assert plan.result.requeue_after is not None
     assert plan.result.requeue_after <= 400.0 or plan.result.requeue_after == 60.0
 
@@ -712,7 +714,12 @@ DENIED = 'nodes "n1" is forbidden: ValidatingAdmissionPolicy denied request: no 
     ("phase", "last_error", "age", "writes"),
     [
         (None, None, None, True),  # e.g. the finalizer could not be added
-        (Phase.RUNNING, "not all pods evicted: 1 pending", 5.0, True),
+        (
+            Phase.RUNNING,
+            'error when evicting pods/"a" -n "app": global timeout reached: 30s',
+            5.0,
+            True,
+        ),
         (Phase.RUNNING, DENIED, 5.0, False),  # the backoff's retry: already said
         (Phase.RUNNING, DENIED, 61.0, True),  # ... but lastUpdate still moves
         (Phase.SUCCEEDED, None, 3600.0, True),
@@ -732,3 +739,111 @@ def test_an_api_failure_is_recorded_in_last_error(
     if new is not None:
         assert new.last_error == DENIED and new.last_update == NOW
         assert new.phase == nm.status.phase, "the phase is left as it is"
+
+
+# -- the CR survives its Node (B6 withdrawn) ---------------------------------
+
+OLD_NMO_REF: Obj = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "name": "n1",
+    "uid": "node-uid",
+    "blockOwnerDeletion": False,
+    "controller": False,
+}
+
+
+def with_refs(nm: NodeMaintenance, refs: list[Obj]) -> NodeMaintenance:
+    meta = nm.metadata.model_copy(update={"owner_references": refs})
+    return nm.model_copy(update={"metadata": meta})
+
+
+def test_the_node_owner_older_releases_wrote_is_removed_and_others_kept() -> None:
+    theirs: Obj = {"apiVersion": "example.com/v1", "kind": "Plan", "name": "p", "uid": "p-uid"}
+    nm = with_refs(nm_obj(phase=Phase.RUNNING), [OLD_NMO_REF, theirs])
+    plan = planner.plan(observed(nm))
+    assert plan.metadata is not None
+    assert plan.metadata["ownerReferences"] == [theirs]
+    clean = planner.plan(observed(with_refs(nm_obj(phase=Phase.RUNNING), [theirs])))
+    assert clean.metadata is None, "nothing to remove: no metadata write"
+
+
+def missing_node_failure(**status: Any) -> NodeMaintenance:
+    body = {"phase": "Failed", "lastError": 'nodes "n1" not found', **status}
+    return nm_obj(status=body)
+
+
+def test_a_missing_node_failure_waits_for_the_node_without_a_write() -> None:
+    nm = missing_node_failure()
+    assert not planner.needs_node(nm), "no request for the node: the cache is looked at"
+    assert planner.resumable(nm)
+    plan = planner.plan(observed(nm, node=None))
+    assert plan.work is Work.STOP and plan.result.terminal
+    assert plan.status is None and plan.events == () and plan.metadata is None
+
+
+def test_a_missing_node_failure_applies_again_when_the_node_returns() -> None:
+    nm = missing_node_failure(errorOnLeaseCount=2)
+    plan = planner.plan(
+        observed(nm, node=node_obj(), pods=(pod("a"),), recall=Recall(lease_held=False))
+    )
+    assert plan.work is Work.RUN and not plan.result.terminal
+    assert plan.lease is LeaseStep.FORCE, "errorOnLeaseCount > 0: a real renewal, as Go"
+    assert plan.node_patch is not None, "label, taints and cordon again"
+    assert [p["metadata"]["name"] for p in plan.evict] == ["a"]
+    assert plan.status is not None and plan.status.phase is Phase.RUNNING
+    assert not plan.status.error_on_lease_count
+    assert "FailedMaintenance" not in [e.event[0] for e in plan.events]
+    assert any("exists again" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(c.Messages.WEBHOOK_DUPLICATE.format(node="n1"), id="duplicate"),
+        pytest.param(c.Messages.LEASE_EXHAUSTED.format(count=4), id="lease-lost"),
+        pytest.param('nodes "other" not found', id="another-node-missing"),
+    ],
+)
+def test_other_failures_stay_final_when_the_node_exists(error: str) -> None:
+    nm = nm_obj(status={"phase": "Failed", "lastError": error})
+    assert not planner.resumable(nm)
+    plan = planner.plan(observed(nm, node=node_obj()))
+    assert plan.work is Work.STOP and plan.status is None and plan.node_patch is None
+
+
+def test_a_deleted_missing_node_failure_leaves_not_resumes() -> None:
+    nm = nm_obj(status={"phase": "Failed", "lastError": 'nodes "n1" not found'}, deleting=True)
+    assert not planner.resumable(nm)
+    assert planner.plan(observed(nm, node=None)).work is Work.FORGET
+
+
+# -- lastError and the log while draining, as the Go NMO ----------------------
+
+
+def _draining_since(seconds: float, last_error: str | None = None) -> NodeMaintenance:
+    start = (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    st: Obj = {"evictionPods": 2, "totalpods": 2, "pendingPods": ["a", "b"]}
+    st["drainStartTime"] = start
+    if last_error is not None:
+        st["lastError"] = last_error
+    return nm_obj(phase=Phase.RUNNING, status=st)
+
+
+def test_a_drain_pass_that_times_out_writes_kubectls_error_and_logs_go_nmos_line() -> None:
+    evicted = {"app/a": PodDrainState(uid="u-a", reason="Terminating", in_flight=False)}
+    quiet = planner.plan(observed(_draining_since(10), pods=(pod("a"),), drain=evicted))
+    assert quiet.status is not None and quiet.status.last_error is None
+    assert not any(c.Messages.FIXED_DURATION_RECONCILE in n for n in quiet.notes)
+
+    late = planner.plan(observed(_draining_since(31), pods=(pod("a"),), drain=evicted))
+    assert late.status is not None
+    assert late.status.last_error == (
+        'error when waiting for pod "a" in namespace "app" to terminate: context deadline exceeded'
+    )
+    (note,) = [n for n in late.notes if c.Messages.FIXED_DURATION_RECONCILE in n]
+    assert "1 pods pending" in note
+
+    said = _draining_since(45, late.status.last_error)
+    again = planner.plan(observed(said, pods=(pod("a"),), drain=evicted))
+    assert not any(c.Messages.FIXED_DURATION_RECONCILE in n for n in again.notes), "once"

@@ -1,6 +1,6 @@
 """Status transitions (A2, A5, B4, B5)."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -62,25 +62,70 @@ def test_success_clears_last_error_and_lists() -> None:
     assert not status.differs(done, status.succeeded(done, NOW))
 
 
-def test_draining_explains_the_blocked_pod() -> None:
+def detail(name: str, reason: str, namespace: str = "a") -> PendingPodDetail:
+    return PendingPodDetail(namespace=namespace, name=name, reason=reason, message="why")
+
+
+def test_draining_counts_progress_and_lists_what_remains() -> None:
     st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=4)
-    pending = [
-        PendingPodDetail(
-            namespace="a",
-            name="p1",
-            reason="DisruptionBudget",
-            message="blocked by budget",
-            disruption_budget="web-pdb",
-        ),
-    ]
-    new = status.draining(st, pending=[("a", "p1")], details=pending, error=None, now=NOW)
+    pending = [detail("p1", "DisruptionBudget")]
+    new = status.draining(
+        st, pending=[("a", "p1")], details=pending, error=None, now=NOW, started=NOW
+    )
     assert new.drain_progress == 75
     assert new.pending_pods_refs == [PodReference(namespace="a", name="p1")]
-    assert (
-        new.last_error is not None
-        and "a/p1" in new.last_error
-        and "blocked by budget" in new.last_error
+    assert new.pending_pods_details == pending
+
+
+@pytest.mark.parametrize(
+    ("ran", "before", "details", "expected"),
+    [
+        # A normal drain within its first pass: no lastError, as the Go NMO.
+        pytest.param(29.9, None, [detail("p1", "DisruptionBudget")], None, id="first-pass"),
+        # ... and an older one stays until a pass ends (Go overwrites, never clears).
+        pytest.param(5, 'nodes "n1" not found', [detail("p1", "Evicting")],
+                     'nodes "n1" not found', id="kept-until-a-pass-ends"),
+        pytest.param(30, None, [detail("p1", "DisruptionBudget")],
+                     'error when evicting pods/"p1" -n "a": global timeout reached: 30s',
+                     id="not-evicted"),
+        pytest.param(31, None, [detail("p1", "Terminating")],
+                     'error when waiting for pod "p1" in namespace "a" to terminate: '
+                     "context deadline exceeded", id="evicted-still-terminating"),
+        pytest.param(60, None, [detail("p1", "Terminating"), detail("p2", "Waiting", "b")],
+                     '[error when waiting for pod "p1" in namespace "a" to terminate: '
+                     'context deadline exceeded, error when evicting pods/"p2" -n "b": '
+                     "global timeout reached: 30s]", id="aggregated"),
+    ],
+)  # fmt: skip
+def test_last_error_while_draining_is_the_go_nmos(
+    ran: float, before: str | None, details: list[PendingPodDetail], expected: str | None
+) -> None:
+    st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=4, last_error=before)
+    refs = [(d.namespace, d.name) for d in details]
+    new = status.draining(
+        st,
+        pending=refs,
+        details=details,
+        error=None,
+        now=NOW,
+        started=NOW - timedelta(seconds=ran),
     )
+    assert new.last_error == expected
+    assert status.is_drain_pass_error(new.last_error) is (ran >= 30)
+
+
+def test_an_eviction_error_is_shown_at_once() -> None:
+    st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=1)
+    err = "error when evicting pods/p1 -n a: Internal error: more than one PodDisruptionBudget"
+    new = status.draining(st, pending=[("a", "p1")], details=[], error=err, now=NOW, started=NOW)
+    assert new.last_error == err
+
+
+def test_the_drain_pass_error_names_at_most_ten_pods() -> None:
+    details = [detail(f"p{i}", "Waiting") for i in range(25)]
+    text = status.drain_pass_error(details)
+    assert text is not None and text.startswith("[") and text.endswith(", ... 15 more]")
+    assert text.count("global timeout reached") == 10
 
 
 def test_zero_counts_and_empty_lists_are_omitted_as_go_omitempty_does() -> None:

@@ -68,6 +68,10 @@ DRAIN_RULE_WAIT_COMPLETED: Final = "wait-completed"
 DRAIN_ORDER_ANNOTATION: Final = "nodemaintenance.medik8s.io/drain-order"
 CRITICAL_PRIORITY_CLASSES: Final = ("system-cluster-critical", "system-node-critical")
 DEFAULT_GRACE_SECONDS: Final = 30  # a pod's terminationGracePeriodSeconds when unset
+# The Go NMO drains in passes of kubectl's helper with a 30 s timeout and
+# writes lastError only when a pass ends with pods left.
+DRAIN_PASS_SECONDS: Final = 30
+MAX_LAST_ERROR_PODS: Final = 10  # pods named in that lastError (pendingPods has all)
 # The status condition nmo maintains (Kubernetes condition type).
 CONDITION_DRAINED: Final = "Drained"
 CONDITION_QUEUED: Final = "Queued"  # held back by the fleet budget or the window
@@ -105,6 +109,17 @@ class Messages:
         "failed to extend a lease that used to be owned by us, incrementing error on lease "
         "count: {error}, errorOnLeaseCount: {count}"
     )
+    # lastError after a drain pass of DRAIN_PASS_SECONDS left pods (kubectl's
+    # drain helper, aggregated as apimachinery's errors.NewAggregate does).
+    DRAIN_EVICT_TIMEOUT: Final = (
+        'error when evicting pods/"{name}" -n "{namespace}": global timeout reached: {timeout}'
+    )
+    DRAIN_WAIT_TIMEOUT: Final = (
+        'error when waiting for pod "{name}" in namespace "{namespace}" to terminate: '
+        "context deadline exceeded"
+    )
+    # The Go NMO's log line when a drain pass timed out and it requeues (5 s).
+    FIXED_DURATION_RECONCILE: Final = "Reconciling with fixed duration"
     WEBHOOK_NO_NODE: Final = "invalid nodeName, no node with name {node} found"
     WEBHOOK_DUPLICATE: Final = "invalid nodeName, a NodeMaintenance for node {node} already exists"
     WEBHOOK_QUORUM: Final = (

@@ -169,7 +169,7 @@ class Budget:
         out = []
         for obj in self.maintenances.store.values():
             nm = NodeMaintenance.from_api(obj)
-            if not nm.status.begun and nm.metadata.deletion_timestamp is None:
+            if rules.awaits_start(nm, node_exists=nm.spec.node_name in self.nodes.store):
                 out.append(nm)
         return out
 

@@ -34,6 +34,7 @@ from nmo.core.errors import Conflict, InvalidName, KubeError, NotFound
 from nmo.core.events import EventRecorder
 from nmo.core.kube import Kube, api_path, nm_path, node_path
 from nmo.core.lease import LeaseClient, LeaseHeldError
+from nmo.core.maintenance import budget as rules
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import planner, transitions
 from nmo.core.maintenance import pods as podselect
@@ -172,7 +173,11 @@ class Reconciler:
             for o in self.maintenances.by_index(node_name)
             if o["metadata"]["name"] != nm.metadata.name
         )
-        node = await self._node(node_name) if planner.needs_node(nm) else None
+        node: Obj | None = None
+        if planner.needs_node(nm):
+            node = await self._node(node_name)
+        elif planner.resumable(nm):
+            node = self.nodes.get(node_name)  # the node watch wakes it when one is added
         pods: tuple[Obj, ...] | None = None
         if node is not None and record.pods is not None and record.pods.synced.is_set():
             pods = tuple(record.pods.store.values())
@@ -196,13 +201,13 @@ class Reconciler:
         )
 
     def _wants_admission(self, obs: Observed) -> bool:
-        """A CR the budget decides on: not begun, not deleted, and not about to fail
-        (a missing node or an older CR for its node fail it without a slot)."""
+        """A CR the budget decides on: not begun (or resuming: its missing node is
+        back), not deleted, and not about to fail (a missing node or an older CR
+        for its node fail it without a slot)."""
         nm = obs.nm
         return (
             self.budget is not None
-            and not nm.status.begun
-            and nm.metadata.deletion_timestamp is None
+            and rules.awaits_start(nm, node_exists=obs.node is not None)
             and obs.node is not None
             and planner.older_duplicate(nm, obs.others) is None
         )
@@ -325,9 +330,7 @@ class Reconciler:
         """onTimeout Delete: delete the pods the plan names (PDBs bypassed by opt-in)."""
         if not plan.force or record.forgotten:
             return ()
-        done = await asyncio.gather(
-            *(self.evictor.force_delete(record, pod, grace) for pod, grace in plan.force)
-        )
+        done = await self.evictor.force(record, plan.force, generation=obs.nm.metadata.generation)
         events = []
         for (pod, grace), deleted in zip(plan.force, done, strict=True):
             if deleted:

@@ -32,6 +32,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from nmo.api.models import NodeMaintenance
+from nmo.core.maintenance import transitions
 
 Obj = dict[str, Any]
 
@@ -181,6 +182,18 @@ def unavailable(node: Mapping[str, Any]) -> bool:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") != "True")
     return True  # no Ready condition yet: not serving
+
+
+def awaits_start(nm: NodeMaintenance, *, node_exists: bool) -> bool:
+    """A CR the budget has to admit before it starts: not begun and not being
+    deleted, or failed for a missing node whose Node exists again (it starts
+    again, so it takes a slot like a new one; while its node stays missing it
+    queues nothing behind it)."""
+    if nm.metadata.deletion_timestamp is not None:
+        return False
+    if not nm.status.begun:
+        return True
+    return node_exists and transitions.is_node_missing_failure(nm.status, nm.spec.node_name)
 
 
 def queue_order(nm: NodeMaintenance) -> tuple[datetime, str]:

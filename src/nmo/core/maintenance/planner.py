@@ -12,12 +12,14 @@ The flow it encodes (behavior.md A2-A5, B4-B9):
 * deleted CR: restore the node to its recorded prior state, release the
   lease, drop the finalizer (a duplicate that never owned the node only
   drops the finalizer);
-* Failed is terminal;
+* Failed is terminal, but for a missing node: that CR applies again when a
+  Node of its name exists (the Go NMO keeps and re-applies it);
 * the finalizer is added first (event BeginMaintenance);
 * an older CR for the same node wins (duplicate ranking below), a missing
   node fails the CR;
-* the ownerReference to the Node is recorded, and the node's prior state
-  with the first node patch, on the node, bound to the CR's uid;
+* no ownerReference to the Node is kept on the CR (the one older nmo
+  releases wrote is removed, B6 withdrawn), and the node's prior state is
+  recorded with the first node patch, on the node, bound to the CR's uid;
 * lease, then label + taints + cordon, then evictions; Running with the
   starting figures on the first pass, progress at most once per
   ``status_interval``, Succeeded (event SucceedMaintenance) when no pod to
@@ -126,22 +128,27 @@ def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
     return status.comparable(st)
 
 
-def _ownership(nm: NodeMaintenance, node: Obj) -> dict[str, Any]:
-    """The metadata that records the Node owner (B6)."""
-    meta: dict[str, Any] = {}
-    uid = node["metadata"].get("uid")
-    if not any(r.get("uid") == uid for r in nm.metadata.owner_references):
-        ref = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "name": node["metadata"]["name"],
-            "uid": uid,
-            "blockOwnerDeletion": False,
-            "controller": False,
-        }
-        others = [r for r in nm.metadata.owner_references if r.get("kind") != "Node"]
-        meta["ownerReferences"] = [*others, ref]
-    return meta
+def nmo_node_ref(ref: dict[str, Any], node: str) -> bool:
+    """Whether an ownerReference is the Node reference older nmo releases wrote."""
+    return (
+        ref.get("apiVersion") == "v1"
+        and ref.get("kind") == "Node"
+        and ref.get("name") == node
+        and ref.get("controller") is False
+        and ref.get("blockOwnerDeletion") is False
+    )
+
+
+def _disowned(nm: NodeMaintenance) -> dict[str, Any]:
+    """The metadata that drops the Node ownerReference older nmo releases wrote.
+
+    With it, deleting or re-registering the Node garbage-collected the
+    maintenance and the node came back schedulable mid-maintenance; the Go
+    NMO never persists one (B6, withdrawn). References others wrote stay.
+    """
+    refs = nm.metadata.owner_references
+    kept = [r for r in refs if not nmo_node_ref(r, nm.spec.node_name)]
+    return {"ownerReferences": kept} if len(kept) != len(refs) else {}
 
 
 def _selection(obs: Observed, pods: tuple[Obj, ...]) -> podselect.Selection:
@@ -168,6 +175,15 @@ def _started(obs: Observed) -> NodeMaintenanceStatus:
 def needs_node(nm: NodeMaintenance) -> bool:
     """Whether a pass for the CR reads its node (a Failed CR left alone does not)."""
     return nm.metadata.deletion_timestamp is not None or nm.status.phase is not Phase.FAILED
+
+
+def resumable(nm: NodeMaintenance) -> bool:
+    """Failed for a missing node: a pass looks for its node in the cache only
+    (no request), and applies the maintenance again once a Node of that name
+    exists, as the Go NMO does on its next reconcile."""
+    return nm.metadata.deletion_timestamp is None and status.is_node_missing_failure(
+        nm.status, nm.spec.node_name
+    )
 
 
 def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
@@ -228,8 +244,11 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     nm, now = obs.nm, obs.now
     node_name = nm.spec.node_name
     st = nm.status
-    if st.phase is Phase.FAILED:
-        return Plan(work=Work.STOP, result=TERMINAL)  # node missing, duplicate, or lease lost
+    resuming = status.is_node_missing_failure(st, node_name)
+    if st.phase is Phase.FAILED and not (resuming and obs.node is not None):
+        # A duplicate or a lost lease is final; a missing node is looked at
+        # again when a Node of that name is added (the node watch wakes it).
+        return Plan(work=Work.STOP, result=TERMINAL)
     if obs.admission is not None and not obs.admission.admit:
         return _queued(obs, obs.admission, settings)
     meta: dict[str, Any] = {}
@@ -261,7 +280,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             status.node_not_found(st, node_name, now),
             f"maintenance {nm.metadata.name}: node {node_name} not found",
         )
-    meta |= _ownership(nm, obs.node)
+    meta |= _disowned(nm)
     lease = LeaseStep.NONE
     if obs.recall.renewal_error is not None or (
         not obs.recall.lease_held and (st.error_on_lease_count or 0) > 0
@@ -273,6 +292,9 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
     st = _started(obs)
+    if resuming:
+        st = status.resumed(st)
+        notes.append(f"maintenance {nm.metadata.name}: node {node_name} exists again, resuming")
     if obs.admission is not None:
         st = status.with_condition(
             st,
@@ -350,7 +372,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             drain_pending=0,
         )
     new = status.draining(
-        st, pending=report.pending, details=report.details, error=report.last_error, now=now
+        st,
+        pending=report.pending,
+        details=report.details,
+        error=report.last_error,
+        now=now,
+        started=deadline.start,
     )
     wait = settings.resync if plan_.next_wake is None else plan_.next_wake
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
@@ -362,6 +389,18 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         later = settings.status_interval - ago
         result = Result(requeue_after=min(result.requeue_after or wait, later))
     fired = base.events
+    if (
+        write is not None
+        and status.is_drain_pass_error(new.last_error)
+        and new.last_error != nm.status.last_error
+    ):
+        # What the Go NMO logs when a drain pass ends with pods left; its e2e
+        # suite and users' log searches look for it.
+        notes.append(
+            f"maintenance {nm.metadata.name}: drain of node {node_name} not complete after "
+            f"{c.DRAIN_PASS_SECONDS}s, {len(report.pending)} pods pending; "
+            f"{c.Messages.FIXED_DURATION_RECONCILE}"
+        )
     if reached and write is not None:  # once, with the status that says TimedOut
         fired = (*fired, Emit((c.EVENT_DRAIN_TIMED_OUT, cond.message), warning=True))
         notes.append(f"maintenance {nm.metadata.name}: {cond.message}")

@@ -9,6 +9,7 @@ not write 1,000 statuses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from nmo.api import constants as c
@@ -61,6 +62,23 @@ def node_not_found(
     return failed(status, error=c.Messages.NODE_NOT_FOUND.format(node=node), now=now)
 
 
+def is_node_missing_failure(status: NodeMaintenanceStatus, node: str) -> bool:
+    """Failed because the node was missing: not final (it applies again when a
+    Node of that name exists, as the Go NMO does on its next reconcile)."""
+    return status.phase is Phase.FAILED and status.last_error == c.Messages.NODE_NOT_FOUND.format(
+        node=node
+    )
+
+
+def resumed(status: NodeMaintenanceStatus) -> NodeMaintenanceStatus:
+    """A maintenance failed for a missing node runs again: its node is back.
+
+    As the Go NMO: phase Running and errorOnLeaseCount 0 once the lease is
+    taken; lastError keeps its text until the drain writes another one.
+    """
+    return status.model_copy(update={"phase": Phase.RUNNING, "error_on_lease_count": 0})
+
+
 def duplicate(status: NodeMaintenanceStatus, node: str, now: datetime) -> NodeMaintenanceStatus:
     return failed(status, error=c.Messages.WEBHOOK_DUPLICATE.format(node=node), now=now)
 
@@ -97,6 +115,41 @@ def lease_ok(status: NodeMaintenanceStatus) -> NodeMaintenanceStatus:
     return status.model_copy(update={"error_on_lease_count": 0})
 
 
+def drain_pass_error(details: Sequence[PendingPodDetail]) -> str | None:
+    """lastError as the Go NMO writes it when a 30 s drain pass leaves pods:
+    kubectl's per-pod timeout errors, aggregated (one alone, else ``[a, b]``).
+
+    A pod evicted and still terminating timed out waiting; any other was not
+    evicted yet (a PDB, a backoff). At most ``MAX_LAST_ERROR_PODS`` are named.
+    """
+    texts: list[str] = []
+    for pod in details:
+        template = (
+            c.Messages.DRAIN_WAIT_TIMEOUT
+            if pod.reason == "Terminating"
+            else c.Messages.DRAIN_EVICT_TIMEOUT
+        )
+        text = template.format(
+            name=pod.name, namespace=pod.namespace, timeout=f"{c.DRAIN_PASS_SECONDS}s"
+        )
+        if text not in texts:
+            texts.append(text)
+    if not texts:
+        return None
+    if len(texts) == 1:
+        return texts[0]
+    shown = texts[: c.MAX_LAST_ERROR_PODS]
+    more = len(texts) - len(shown)
+    return "[" + ", ".join(shown) + (f", ... {more} more" if more else "") + "]"
+
+
+def is_drain_pass_error(error: str | None) -> bool:
+    """Whether lastError is the drain-pass timeout text :func:`drain_pass_error` writes."""
+    return bool(error) and (
+        "global timeout reached" in str(error) or "to terminate: context deadline" in str(error)
+    )
+
+
 def draining(
     status: NodeMaintenanceStatus,
     *,
@@ -104,19 +157,21 @@ def draining(
     details: list[PendingPodDetail],
     error: str | None,
     now: datetime,
+    started: datetime,
 ) -> NodeMaintenanceStatus:
-    """Pods remain: Running, lists of what remains, progress and why (A2.8, B9)."""
+    """Pods remain: Running, lists of what remains, progress and why (A2.8, B9).
+
+    lastError as the Go NMO: an eviction error at once (``error``); else,
+    once the drain has run a pass (``DRAIN_PASS_SECONDS``), kubectl's timeout
+    text for the pods left; before that, whatever it said (a normal drain
+    shows none). Why each pod waits is in ``pendingPodsDetails`` and the
+    ``Drained`` condition.
+    """
     eviction_pods = status.eviction_pods or 0
     if error is None:
-        blocked = [p for p in details if p.reason not in ("Evicting", "Waiting")]
-        if blocked:
-            first = blocked[0]
-            error = (
-                f"not all pods evicted: {len(pending)} pending; "
-                f"{first.namespace}/{first.name}: {first.message or first.reason}"
-            )
-        else:
-            error = f"not all pods evicted: {len(pending)} pending"
+        error = status.last_error
+        if (now - started).total_seconds() >= c.DRAIN_PASS_SECONDS:
+            error = drain_pass_error(details) or error
     return status.model_copy(
         update={
             "phase": Phase.RUNNING,
