@@ -180,7 +180,8 @@ async def test_parallelism_is_bounded(api_server: respx.MockRouter, kube: Kube) 
             "gone",
             "Waiting",
         ),
-        (httpx.Response(403, json={"message": "forbidden"}), False, "error", "EvictionError"),
+        (httpx.Response(403, json={"message": "forbidden"}), False, "forbidden", "EvictionError"),
+        (httpx.Response(500, json={"message": "etcd timeout"}), False, "error", "EvictionError"),
     ],
 )
 async def test_forced_deletion_answers(

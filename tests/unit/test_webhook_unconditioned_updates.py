@@ -64,6 +64,9 @@ class NoLookups:
     async def node_budgets(self, node_name: str) -> Any:
         return self._refuse("node_budgets")
 
+    async def may_delete_pods(self) -> bool | None:
+        return bool(self._refuse("may_delete_pods"))
+
 
 def live(*, drain: Obj | None = None, pending: int = 3) -> Obj:
     """A NodeMaintenance as the apiserver holds it, with our finalizer and a status."""

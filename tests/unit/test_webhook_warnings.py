@@ -18,7 +18,12 @@ from nmo.core.metrics import Metrics
 from nmo.webhooks.admission import review_response
 from nmo.webhooks.app import create_webhook_app
 from nmo.webhooks.lookups import MAX_PDB_NAMESPACES, ClusterLookups, LookupSettings
-from nmo.webhooks.validators import Decision, LookupFailed, validate_create
+from nmo.webhooks.validators import (
+    POD_DELETION_WARNING,
+    Decision,
+    LookupFailed,
+    validate_create,
+)
 
 Obj = dict[str, Any]
 WEB = {"app": "web"}
@@ -256,3 +261,72 @@ async def test_warning_headers_reach_on_warning(api_server: respx.MockRouter, ku
     kube.on_warning = seen.append
     await kube.create("/apis/x/v1/things", {"metadata": {"name": "t"}})
     assert seen == ["first", "second"]
+
+
+# -- onTimeout Delete that nmo may not perform --------------------------------------------
+
+
+def update_review(old: Obj, new: Obj) -> dict[str, Any]:
+    request = {"uid": "r2", "operation": "UPDATE", "object": new, "oldObject": old}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+@pytest.mark.parametrize(
+    ("drain", "may", "warned"),
+    [
+        ({"timeoutSeconds": 60, "onTimeout": "Delete"}, False, True),
+        ({"timeoutSeconds": 60, "onTimeout": "Delete"}, True, False),
+        ({"timeoutSeconds": 60, "onTimeout": "Delete"}, None, False),  # unknown: no warning
+        ({"timeoutSeconds": 60, "onTimeout": "Abort"}, False, False),
+        (None, False, False),
+    ],
+    ids=["refused", "allowed", "unknown", "abort", "no-drain"],
+)
+async def test_create_asking_for_delete_warns_when_nmo_may_not(
+    drain: Obj | None, may: bool | None, warned: bool
+) -> None:
+    lookups = cluster([], [], pod_deletion=may)
+    decision = await validate_create(cr(drain), lookups, claimant="u1")
+    assert decision.allowed
+    assert (POD_DELETION_WARNING in decision.warnings) is warned
+    assert lookups.deletion_checks == (1 if drain and drain["onTimeout"] == "Delete" else 0)
+    assert "drain.allowPodDeletion=true" in POD_DELETION_WARNING
+
+
+async def test_the_deletion_check_failing_never_refuses() -> None:
+    lookups = cluster([], [], failing={"access"})
+    decision = await validate_create(cr({"onTimeout": "Delete"}), lookups, claimant="u1")
+    assert decision.allowed and decision.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "checks", "warned"),
+    [
+        ({"onTimeout": "Report"}, {"onTimeout": "Delete"}, 1, True),
+        (None, {"onTimeout": "Delete", "timeoutSeconds": 5}, 1, True),
+        ({"onTimeout": "Delete"}, {"onTimeout": "Delete", "timeoutSeconds": 5}, 0, False),
+        ({"onTimeout": "Delete"}, {"onTimeout": "Report"}, 0, False),
+    ],
+    ids=["turned-to-delete", "drain-added", "already-delete", "turned-away"],
+)
+async def test_update_turning_to_delete_warns(
+    old: Obj | None, new: Obj, checks: int, warned: bool
+) -> None:
+    lookups = cluster([], [], pod_deletion=False)
+    app = create_webhook_app(lookups=lookups, metrics=Metrics())
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://test"
+    ) as http:
+        resp = await http.post(WEBHOOK_PATH, json=update_review(cr(old), cr(new)))
+    answer = resp.json()["response"]
+    assert answer["allowed"] is True
+    assert (answer.get("warnings") == [POD_DELETION_WARNING]) is warned
+    assert lookups.deletion_checks == checks
+
+
+async def test_cluster_lookups_ask_once_per_ttl() -> None:
+    review = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+    kube = ListingKube({review: {"status": {"allowed": False}}})
+    lookups = lookups_with(kube, access_ttl=60.0)
+    assert [await lookups.may_delete_pods() for _ in range(3)] == [False, False, False]
+    assert [c[:2] for c in kube.calls] == [("POST", review)]

@@ -59,6 +59,8 @@ class FakeLookups:
     pod_queries: int = 0
     node_pods: list[Obj] = field(default_factory=list)  # every pod, filtered by spec.nodeName
     node_pdbs: list[Obj] = field(default_factory=list)
+    pod_deletion: bool | None = True  # may nmo delete pods (onTimeout Delete)
+    deletion_checks: int = 0
 
     def _maybe_fail(self, what: str) -> None:
         if what in self.failing:
@@ -99,3 +101,8 @@ class FakeLookups:
         self._maybe_fail("budgets")
         pods = [p for p in self.node_pods if (p.get("spec") or {}).get("nodeName") == node_name]
         return pods, self.node_pdbs
+
+    async def may_delete_pods(self) -> bool | None:
+        self.deletion_checks += 1
+        self._maybe_fail("access")
+        return self.pod_deletion

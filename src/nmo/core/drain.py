@@ -17,6 +17,18 @@ Eviction answers (kubectl's drain helper semantics): 2xx evicted; 404 gone;
 a concurrent eviction (retried quickly); 403 with cause
 NamespaceTerminating; 500 "more than one PodDisruptionBudget"; anything
 else is reported per pod and retried with backoff.
+
+Deletions at the drain deadline (``onTimeout: Delete``, :meth:`Evictor.force`)
+need ``delete`` on pods, which the chart grants only with
+``drain.allowPodDeletion``. A pass sends one DELETE first and the others
+only if it was not refused. A 403 is recorded once on the maintenance
+(:class:`~nmo.core.memory.DeletionRefused`): the refused pod shows the
+Forbidden message, naming the chart value, in lastError and the Drained
+condition, and no DELETE is sent for that maintenance again until its
+generation changes, nmo may delete pods (a SelfSubjectAccessReview, cached,
+asked only when RBAC was what refused), or :data:`FORBIDDEN_RETRY` has
+passed. Any other failed DELETE is tried again after its backoff, not on
+every pass.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.core import backoff
+from nmo.core.access import POD_DELETION_VALUE, Access
 from nmo.core.errors import Conflict, Forbidden, KubeError, NotFound, TooManyRequests
 from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.drainstate import (
@@ -42,7 +55,7 @@ from nmo.core.maintenance.drainstate import (
     PodDrainState,
 )
 from nmo.core.maintenance.pods import pod_key
-from nmo.core.memory import Memory
+from nmo.core.memory import DeletionRefused, Memory
 from nmo.core.metrics import Metrics
 
 log = logging.getLogger("nmo.drain")
@@ -53,8 +66,24 @@ Pod = dict[str, Any]
 # hostile answer must not park a pod for hours (a PDB that allows a
 # disruption again still wakes it at once).
 MAX_RETRY_AFTER = 300.0
+# A forced deletion refused with 403 is tried again this late at the
+# earliest, unless the NodeMaintenance or nmo's permissions change first.
+FORBIDDEN_RETRY = 600.0
 
 _PDB_NAME = re.compile(r"disruption budget ([A-Za-z0-9.\-]+)")
+
+
+def refusal_message(exc: KubeError, *, allowed: bool | None, retry: float) -> str:
+    """What a maintenance shows for a refused deletion at the deadline; ``allowed``:
+    what a SelfSubjectAccessReview said about deleting pods then."""
+    again = f"tried again when the NodeMaintenance changes or in {retry:g}s"
+    if allowed is True:  # RBAC allows it: an admission webhook or policy refused
+        return f"onTimeout Delete: a pod deletion was refused: {exc.message}; {again}"
+    return (
+        f"onTimeout Delete: nmo may not delete pods: {exc.message}; set the chart value "
+        f"{POD_DELETION_VALUE} (or grant nmo's ServiceAccount delete on pods), or change "
+        f"spec.drain.onTimeout; {again}, or as soon as nmo may delete pods"
+    )
 
 
 def pdb_from_error(exc: KubeError) -> str | None:
@@ -79,8 +108,12 @@ class Evictor:
         conflict_backoff: float = 0.1,
         evicted_recheck: float = 60.0,
         max_retry_after: float = MAX_RETRY_AFTER,
+        access: Access | None = None,
+        forbidden_retry: float = FORBIDDEN_RETRY,
     ) -> None:
         self.kube = kube
+        self.access = access  # may nmo delete pods (lifts a refused deletion)
+        self.forbidden_retry = forbidden_retry
         self.on_change = on_change  # called with the CR name after every answer
         self.metrics = metrics
         self.base_backoff = base_backoff
@@ -109,19 +142,47 @@ class Evictor:
             record.evictions.add(task)
             task.add_done_callback(record.evictions.discard)
 
-    async def force_delete(self, record: Memory, pod: Pod, grace: int) -> bool:
+    async def force(
+        self, record: Memory, pods: tuple[tuple[Pod, int], ...], *, generation: int | None = None
+    ) -> tuple[bool, ...]:
+        """Delete the pods a pass names at the deadline (onTimeout Delete).
+
+        One DELETE first; the others, at once, only if it was not refused.
+        While a refusal stands (see the module docstring), none is sent.
+        True for each pod whose deletion was accepted.
+        """
+        if not pods or not await self._may_force(record, generation):
+            self._show_refusal(record, pods)
+            return tuple(False for _ in pods)
+        (pod, grace), rest = pods[0], pods[1:]
+        first = await self.force_delete(record, pod, grace, generation=generation)
+        if record.deletion_refused is not None:
+            return (first, *(False for _ in rest))
+        others = await asyncio.gather(
+            *(self.force_delete(record, p, g, generation=generation) for p, g in rest)
+        )
+        return (first, *others)
+
+    async def force_delete(
+        self, record: Memory, pod: Pod, grace: int, *, generation: int | None = None
+    ) -> bool:
         """Delete a pod past the drain deadline (onTimeout Delete), bypassing PDBs.
 
         The pod's own grace period (at least 1 s) and a UID precondition: a
         replacement pod under the same name is never touched. True when the
         deletion was accepted; a pod already gone counts as not deleted by us.
+        Nothing is sent while a refusal stands or the pod's last failed
+        deletion is backing off.
         """
         ns, name = str(pod["metadata"]["namespace"]), str(pod["metadata"]["name"])
         key, uid = pod_key(pod), str(pod["metadata"].get("uid", ""))
         state = record.drain.get(key)
         if state is None or state.uid != uid:
             state = record.drain[key] = PodDrainState(uid=uid)
-        if state.in_flight or state.forced:
+        now = asyncio.get_running_loop().time()
+        if state.in_flight or state.forced or record.deletion_refused is not None:
+            return False
+        if now < record.force_after.get(key, 0.0):
             return False
         state.in_flight = True
         body = {
@@ -138,6 +199,7 @@ class Evictor:
                 )
             outcome = "deleted"
             state.forced = True
+            record.force_after.pop(key, None)
             self._blocked(state, REASON_TERMINATING, "deleted at the drain deadline")
             log.warning(
                 "drain: deadline reached, deleted pod %s from node %s (grace %ss)",
@@ -148,9 +210,18 @@ class Evictor:
             )
         except (NotFound, Conflict):
             outcome = "gone"  # gone, or replaced (the UID precondition failed)
+        except Forbidden as exc:
+            outcome = "forbidden"
+            await self._refused(record, key, state, exc, generation)
         except KubeError as exc:
             self._blocked(state, REASON_ERROR, f"deleting pods/{name} -n {ns}: {exc.message}")
-            self._backoff(state, exc.retry_after, self.base_backoff)
+            record.force_after[key] = now + backoff.delay(
+                state.attempts,
+                base=self.base_backoff,
+                cap=self.max_backoff,
+                retry_after=exc.retry_after,
+                retry_after_limit=self.max_retry_after,
+            )
             log.warning(
                 "drain: could not delete pod %s at the drain deadline: %s",
                 key,
@@ -161,6 +232,73 @@ class Evictor:
             state.in_flight = False
         self.metrics.forced_deletions.labels(outcome=outcome).inc()
         return outcome == "deleted"
+
+    async def _refused(
+        self,
+        record: Memory,
+        key: str,
+        state: PodDrainState,
+        exc: Forbidden,
+        generation: int | None,
+    ) -> None:
+        """Record a 403 on a forced deletion once, on the maintenance and the pod."""
+        ns = key.split("/", 1)[0]
+        allowed = None if self.access is None else await self.access.may_delete_pods(ns)
+        message = refusal_message(exc, allowed=allowed, retry=self.forbidden_retry)
+        record.deletion_refused = DeletionRefused(
+            message=message,
+            generation=generation,
+            at=asyncio.get_running_loop().time(),
+            rbac=allowed is not True,
+            pods={key},
+        )
+        self._blocked(state, REASON_ERROR, message)
+        log.warning(
+            "drain: maintenance %s may not delete pods at its deadline, not retrying: %s",
+            record.name,
+            message,
+            extra={"node": record.node, "pod": key},
+        )
+        self.on_change(record.name)  # the status says so with the next pass
+
+    async def _may_force(self, record: Memory, generation: int | None) -> bool:
+        """Whether no refusal stands (lifting one whose reason has passed)."""
+        refusal = record.deletion_refused
+        if refusal is None:
+            return True
+        why = ""
+        if generation is not None and generation != refusal.generation:
+            why = "the NodeMaintenance changed"
+        elif asyncio.get_running_loop().time() - refusal.at >= self.forbidden_retry:
+            why = f"{self.forbidden_retry:g}s passed"
+        elif refusal.rbac and self.access is not None:
+            namespaces = {k.split("/", 1)[0] for k in refusal.pods} or {""}
+            answers = [await self.access.may_delete_pods(ns) for ns in sorted(namespaces)]
+            if all(a is True for a in answers):
+                why = "nmo may delete pods now"
+        if not why:
+            return False
+        log.info(
+            "drain: deleting the pods of maintenance %s at its deadline again: %s",
+            record.name,
+            why,
+            extra={"node": record.node},
+        )
+        record.deletion_refused = None
+        return True
+
+    def _show_refusal(self, record: Memory, pods: tuple[tuple[Pod, int], ...]) -> None:
+        """Keep a standing refusal on one pending pod (the one refused may have left)."""
+        refusal = record.deletion_refused
+        if refusal is None or not pods or any(k in record.drain for k in refusal.pods):
+            return
+        pod = pods[0][0]
+        key, uid = pod_key(pod), str(pod["metadata"].get("uid", ""))
+        state = record.drain.get(key)
+        if state is None or state.uid != uid:
+            state = record.drain[key] = PodDrainState(uid=uid)
+        refusal.pods.add(key)
+        self._blocked(state, REASON_ERROR, refusal.message)
 
     def unblock(self, record: Memory, keys: list[str]) -> None:
         """The PDB now allows disruptions: make these pods due at once."""
@@ -178,6 +316,22 @@ class Evictor:
             retry_after_limit=self.max_retry_after,
         )
         state.next_attempt = asyncio.get_running_loop().time() + wait
+
+    @classmethod
+    def _note(
+        cls,
+        record: Memory,
+        key: str,
+        state: PodDrainState,
+        reason: str,
+        message: str,
+        pdb: str | None = None,
+    ) -> None:
+        """An eviction's answer, unless the pod shows a standing deletion refusal."""
+        refusal = record.deletion_refused
+        if refusal is not None and key in refusal.pods:
+            return  # lastError and the condition keep saying what to do
+        cls._blocked(state, reason, message, pdb)
 
     @staticmethod
     def _blocked(state: PodDrainState, reason: str, message: str, pdb: str | None = None) -> None:
@@ -221,28 +375,35 @@ class Evictor:
         except TooManyRequests as exc:
             outcome = "pdb_blocked"
             detail = "; ".join(str(c.get("message", "")) for c in exc.causes if c.get("message"))
-            self._blocked(state, REASON_PDB, f"{exc.message} {detail}".strip(), pdb_from_error(exc))
+            self._note(
+                record,
+                key,
+                state,
+                REASON_PDB,
+                f"{exc.message} {detail}".strip(),
+                pdb_from_error(exc),
+            )
             self._backoff(state, exc.retry_after, self.base_backoff)
         except Conflict as exc:
             # Concurrent evictions behind one PDB race on its status: try again soon.
             outcome = "conflict"
             if state.reason != REASON_PDB:
-                self._blocked(state, REASON_WAITING, f"{where}: {exc.message}")
+                self._note(record, key, state, REASON_WAITING, f"{where}: {exc.message}")
             self._backoff(state, None, self.conflict_backoff)
         except Forbidden as exc:
             if exc.has_cause("NamespaceTerminating"):
                 outcome = "namespace_terminating"
                 message = f"namespace {ns} is terminating: {exc.message}"
-                self._blocked(state, REASON_NS_TERMINATING, message)
+                self._note(record, key, state, REASON_NS_TERMINATING, message)
             else:
-                self._blocked(state, REASON_ERROR, f"{where}: {exc.message}")
+                self._note(record, key, state, REASON_ERROR, f"{where}: {exc.message}")
             self._backoff(state, exc.retry_after, self.base_backoff)
         except KubeError as exc:
             if "more than one PodDisruptionBudget" in exc.message:
                 outcome = "multiple_pdbs"
-                self._blocked(state, REASON_MULTI_PDB, f"{where}: {exc.message}")
+                self._note(record, key, state, REASON_MULTI_PDB, f"{where}: {exc.message}")
             else:
-                self._blocked(state, REASON_ERROR, f"{where}: {exc.message}")
+                self._note(record, key, state, REASON_ERROR, f"{where}: {exc.message}")
             self._backoff(state, exc.retry_after, self.base_backoff)
         finally:
             state.in_flight = False

@@ -30,6 +30,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.core import slim
+from nmo.core.access import Access
 from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, Forbidden, KubeError
@@ -148,6 +149,7 @@ class Engine:
             max_parallel=settings.max_parallel_evictions,
             on_change=self._wake,
             metrics=metrics,
+            access=Access(kube),
         )
         self.budget: Budget | None = None
         if settings.budget.enabled:

@@ -27,7 +27,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -46,6 +46,23 @@ USER_AGENT = f"nmo/{__version__}"
 _SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 Params = Mapping[str, str | int | bool]
+
+
+class Requester(Protocol):
+    """The slice of :class:`Kube` its callers need: one request (a wrapper such as
+    the webhooks' budgeted client, or a test's fake, can stand in)."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry: bool = True,
+        timeout: float | None = None,
+    ) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,23 @@ log = logging.getLogger("nmo.memory")
 
 
 @dataclass
+class DeletionRefused:
+    """A forced deletion (``onTimeout: Delete``) the API server refused (403).
+
+    While it stands, the maintenance's remaining pods are not deleted (no
+    DELETE per pass): it is lifted when the CR's generation changes (its
+    spec, e.g. ``spec.drain``), when nmo may delete pods again (``rbac``:
+    RBAC said no when it was refused), or after the evictor's slow retry.
+    """
+
+    message: str  # shown on the refused pod (lastError, the Drained condition)
+    generation: int | None  # the CR's metadata.generation when refused
+    at: float  # event loop time of the refusal
+    rbac: bool  # a SelfSubjectAccessReview said no when it was refused
+    pods: set[str] = field(default_factory=set)  # pod keys that show the message
+
+
+@dataclass
 class Memory:
     """What nmo remembers about one maintenance (CR ``name`` on ``node``)."""
 
@@ -48,6 +65,8 @@ class Memory:
     last_written: dict[str, Any] | None = None
     last_write_at: float | None = None  # monotonic
     forgotten: bool = False  # set once, by Memories.forget: start nothing more
+    deletion_refused: DeletionRefused | None = None  # onTimeout Delete refused (403)
+    force_after: dict[str, float] = field(default_factory=dict)  # pod key -> loop time
 
     @property
     def renewing(self) -> bool:
@@ -68,6 +87,8 @@ class Memory:
             task.cancel()
         self.evictions.clear()
         self.drain.clear()
+        self.deletion_refused = None
+        self.force_after.clear()
 
     def stop_renewer(self) -> None:
         if self.renewer is not None:

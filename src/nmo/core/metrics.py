@@ -80,7 +80,7 @@ class Metrics:
         self.forced_deletions = Counter(
             "nmo_forced_deletions_total",
             "Pod deletions at the drain deadline (onTimeout Delete, PDBs bypassed), "
-            "by outcome (deleted, gone, error).",
+            "by outcome (deleted, gone, forbidden, error).",
             ["outcome"],
             registry=r,
         )
@@ -99,7 +99,7 @@ class Metrics:
         )
         for action in ("Report", "Delete", "Abort"):
             self.drain_timeouts.labels(action=action)
-        for outcome in ("deleted", "gone", "error"):
+        for outcome in ("deleted", "gone", "forbidden", "error"):
             self.forced_deletions.labels(outcome=outcome)
         for kind in ("foreign", "api", "renewal"):
             self.lease_errors.labels(kind=kind)

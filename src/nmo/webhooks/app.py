@@ -66,6 +66,7 @@ from nmo.webhooks.probes import Probes, probes_router
 from nmo.webhooks.validators import (
     Decision,
     Lookups,
+    deletion_warnings,
     node_name_of,
     shown_name,
     validate_create,
@@ -139,7 +140,10 @@ async def decide(request: AdmissionRequest, lookups: Lookups) -> Decision:
         claimant = uid if isinstance(uid, str) and uid else request.uid
         return await validate_create(new, lookups, claimant=claimant, dry_run=request.dry_run)
     if request.operation == "UPDATE":
-        return validate_update(request.old_object, new)
+        decision = validate_update(request.old_object, new)
+        if decision.allowed and (more := await deletion_warnings(new, request.old_object, lookups)):
+            return Decision.allow([*decision.warnings, *more])
+        return decision
     return Decision.allow()
 
 

@@ -32,6 +32,8 @@ Guarantees:
 * The etcd guard PDB and pods are read fresh (two small LISTs in
   ``openshift-etcd``, only for control-plane nodes on OpenShift), because a
   stale answer there could break etcd quorum.
+* Whether nmo may delete pods (the ``onTimeout: Delete`` warning) is one
+  SelfSubjectAccessReview, cached for ``access_ttl`` (:mod:`nmo.core.access`).
 * The admission warnings' pods and PDBs are read fresh too, never cached
   (the memory of a cache of every pod would grow with the cluster): one LIST
   of the node's pods by field selector, then the PDBs of their namespaces
@@ -50,8 +52,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nmo.api import constants as c
+from nmo.core.access import Access
 from nmo.core.errors import KubeError, NotFound
-from nmo.core.kube import Params, api_path, nm_path, node_path
+from nmo.core.kube import Params, Requester, api_path, nm_path, node_path
 from nmo.webhooks.budget import Forgetful
 from nmo.webhooks.validators import LookupFailed, node_name_of
 
@@ -67,20 +70,7 @@ PDBS_PATH = api_path("policy/v1", "poddisruptionbudgets")
 MAX_PDB_NAMESPACES = 8  # beyond this many namespaces, one cluster-wide PDB LIST is cheaper
 
 
-class KubeClient(Protocol):
-    """The slice of :class:`nmo.core.kube.Kube` the webhooks use."""
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        retry: bool = True,
-        timeout: float | None = None,
-    ) -> dict[str, Any]: ...
+KubeClient = Requester  # the slice of :class:`nmo.core.kube.Kube` the webhooks use
 
 
 class ObjectCache(Protocol):
@@ -105,6 +95,7 @@ class LookupSettings:
     request_timeout: float = 4.0
     budget_timeout: float = 2.0  # all the reads of the admission warnings together
     missing_node_ttl: float = 5.0  # a node the API said is missing is not asked for again
+    access_ttl: float = 30.0  # how long "may nmo delete pods" is believed
 
 
 @dataclass
@@ -137,6 +128,12 @@ class ClusterLookups:
         self._openshift: bool | None = None
         self._openshift_checked = float("-inf")
         self._discovery_lock = asyncio.Lock()
+        self.access = Access(
+            kube,
+            ttl=self.settings.access_ttl,
+            timeout=self.settings.request_timeout,
+            clock=clock,
+        )
         maintenances.add_handler(self._on_maintenance)
 
     # -- caches -------------------------------------------------------------
@@ -285,6 +282,9 @@ class ClusterLookups:
                 log.info("cluster is %s", "OpenShift" if answer else "not OpenShift")
             self._openshift, self._openshift_checked = answer, now
             return answer
+
+    async def may_delete_pods(self) -> bool | None:
+        return await self.access.may_delete_pods()
 
     async def _list(self, path: str, params: Params | None = None) -> list[Obj]:
         try:

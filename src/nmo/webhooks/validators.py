@@ -26,6 +26,11 @@ Guarantees:
   PodDisruptionBudget covering a pod the drain would evict allows no
   disruption right now (:func:`budget_warnings`); finding out never refuses
   the CREATE: a failed or slow lookup means no warning, and is logged.
+* An admitted CREATE, or an UPDATE that turns ``spec.drain.onTimeout`` to
+  ``Delete``, carries a warning when nmo may not delete pods (the chart
+  grants it only with ``drain.allowPodDeletion``): at the deadline the
+  deletion would be refused (:func:`deletion_warnings`); an unknown answer
+  means no warning.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
+from nmo.core.access import POD_DELETION_VALUE
 from nmo.core.maintenance.budgets import budgets_for, disruption_warnings
 from nmo.core.maintenance.pods import select_pods
 from nmo.core.selectors import selector_error, selector_matches
@@ -56,6 +62,12 @@ GET_NODE_ERROR = "could not get node: {err}"
 QUORUM_DISCOVERY_FAILED = "could not check for OpenShift for master/control-plane quorum validation"
 QUORUM_GUARD_FAILED = (
     "could not check the etcd quorum guard for master/control-plane quorum validation"
+)
+POD_DELETION_WARNING = (
+    "spec.drain.onTimeout is Delete, but nmo may not delete pods: at the drain deadline the "
+    "deletion of the pods left on the node will be refused (reported in lastError and the "
+    f"Drained condition) and they stay; set the chart value {POD_DELETION_VALUE} (or grant "
+    "nmo's ServiceAccount delete on pods), or use onTimeout Report or Abort"
 )
 
 
@@ -95,6 +107,11 @@ class Lookups(Protocol):
     async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
         """The pods bound to the node and the PDBs of their namespaces, read now
         (bounded in time, never cached); raises LookupFailed."""
+        ...
+
+    async def may_delete_pods(self) -> bool | None:
+        """Whether nmo's own identity may delete pods in every namespace (cached);
+        None when the API server could not say."""
         ...
 
 
@@ -287,7 +304,8 @@ async def validate_create(
         if not dry_run:
             lookups.release_node(node_name, claimant)
         return objection
-    return Decision.allow(await budget_warnings(new, node_name, lookups))
+    warnings = await budget_warnings(new, node_name, lookups)
+    return Decision.allow([*warnings, *await deletion_warnings(new, None, lookups)])
 
 
 async def budget_warnings(new: Obj, node_name: str, lookups: Lookups) -> list[str]:
@@ -316,6 +334,29 @@ async def budget_warnings(new: Obj, node_name: str, lookups: Lookups) -> list[st
 def _drain_of(obj: Obj) -> object:
     spec = obj.get("spec")
     return spec.get("drain") if isinstance(spec, Mapping) else None
+
+
+def asks_for_deletion(obj: Obj | None) -> bool:
+    """Whether the CR's ``spec.drain.onTimeout`` is ``Delete``."""
+    drain = _drain_of(obj or {})
+    return isinstance(drain, Mapping) and drain.get("onTimeout") == "Delete"
+
+
+async def deletion_warnings(new: Obj, old: Obj | None, lookups: Lookups) -> list[str]:
+    """A warning when ``new`` newly asks for ``onTimeout: Delete`` that nmo may
+    not perform; [] when it does not, when nmo may, or when that is unknown."""
+    if not asks_for_deletion(new) or asks_for_deletion(old):
+        return []
+    try:
+        allowed = await lookups.may_delete_pods()
+    except Exception as exc:  # a warning is a courtesy: it must never refuse the request
+        log.warning(
+            "maintenance admission: could not check whether nmo may delete pods: %s",
+            exc,
+            extra={"error": str(exc)},
+        )
+        return []
+    return [POD_DELETION_WARNING] if allowed is False else []
 
 
 def validate_update(old: Obj | None, new: Obj) -> Decision:
