@@ -5,22 +5,31 @@ Every drain here is held by a PodDisruptionBudget that never allows an
 eviction (minAvailable equal to the pods it selects), unless the test says
 otherwise. Pods are kwok pods: an evicted or deleted pod stays Terminating
 for its grace period (nmo's pod-delete stage), then goes.
+
+nmo runs as the chart's ServiceAccount (chart_identity.py): onTimeout Delete
+deletes pods only with the chart value ``drain.allowPodDeletion=true``;
+without it the refusal is reported once and no DELETE follows (issue 19).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
+import signal
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from audit import AuditWindow, nmo_events, show
+from audit import AuditEvent, AuditWindow, nmo_events, show
+from chart_identity import ALLOW_POD_DELETION, chart_identity
 from objects import NM, Api, pdb, uid
-from operator_fixtures import Operator, wait_for
+from operator_fixtures import CURRENT, Operator, idle, metric, scrape, wait_for
 from workloads import bare_pod, running
 
 from nmo_sandbox import Sandbox
@@ -200,9 +209,27 @@ async def test_timeout_report_keeps_draining(
     await remove_nm(api, name)
 
 
+@pytest.fixture
+async def deleting_operator(
+    sole_operator: None, sandbox: Sandbox, tmp_path: Path
+) -> AsyncIterator[Operator]:
+    """nmo as the ServiceAccount of the chart installed with drain.allowPodDeletion=true."""
+    identity = await chart_identity(sandbox, variant="pod-deletion", values=ALLOW_POD_DELETION)
+    op = Operator(sandbox, tmp_path / "nmo", identity=identity)
+    op.log_dir.mkdir(parents=True)
+    CURRENT.append(op)  # its log is attached to a failure report
+    try:
+        await op.start()
+        yield op
+    finally:
+        op.kill(signal.SIGTERM)
+        CURRENT.remove(op)
+
+
 async def test_timeout_delete_removes_pods_with_their_grace_period(
-    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+    deleting_operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
 ) -> None:
+    operator = deleting_operator
     (node,) = await node_factory(1)
     graces = {"db-long": 4, "db-zero": 0}
     for pod, grace in graces.items():
@@ -269,6 +296,87 @@ async def test_timeout_delete_removes_pods_with_their_grace_period(
     evictions = [e for e in mine if e.subresource == "eviction" and e.code == 201]
     assert sorted(e.name for e in deletes) == sorted(graces), show(mine)
     assert evictions == [], show(evictions)
+    await remove_nm(api, name)
+
+
+def forced(events: list[AuditEvent], pods: list[str]) -> list[AuditEvent]:
+    """nmo's DELETEs of these pods (evictions are POSTs to pods/eviction)."""
+    return [e for e in nmo_events(events) if e.on("pods") and e.verb == "delete" and e.name in pods]
+
+
+async def test_timeout_delete_without_the_permission_is_reported_once_and_not_retried(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    """The chart's default RBAC grants no delete on pods: the DELETE at the
+    deadline gets 403, once; lastError and the Drained condition say so and name
+    the chart value; pass after pass, no DELETE follows, until the spec changes
+    (here, once delete is granted: then the pods go)."""
+    node, pods = await blocked_node(api, namespace, node_factory)
+    window = await AuditWindow.open(sandbox)
+    before = await operator.metric("nmo_forced_deletions_total", outcome="forbidden")
+    name = await create_nm(api, node, {"timeoutSeconds": 3, "onTimeout": "Delete"})
+
+    async def reported() -> dict[str, Any] | None:
+        obj = await api.nm(name)
+        error = ((obj or {}).get("status") or {}).get("lastError") or ""
+        return obj if "drain.allowPodDeletion=true" in error else None
+
+    obj = await wait_for(reported, timeout=60, what=f"{name}: the refused deletion in lastError")
+    error = obj["status"]["lastError"]
+    assert error.startswith("onTimeout Delete: nmo may not delete pods: pods "), error
+    assert "is forbidden" in error and 'cannot delete resource "pods"' in error, error
+    cond = drained(obj)
+    assert cond["reason"] == "TimedOut" and error in cond["message"], cond
+    assert obj["status"]["phase"] == "Running"
+
+    # More passes of this CR (an annotation wakes one, the spec unchanged): no DELETE.
+    port = operator.metrics_port
+    for i in range(3):
+        passes = metric(await idle(port), "controller_runtime_reconcile_total")
+        await api.merge(f"{NM}/{name}", {"metadata": {"annotations": {"test/pass": str(i)}}})
+
+        async def passed(done: float = passes) -> bool:
+            return metric(await scrape(port), "controller_runtime_reconcile_total") > done
+
+        await wait_for(passed, what=f"a pass of {name} after annotation {i}")
+    await idle(port)
+    deletes = forced(await window.close(), pods)
+    assert [e.code for e in deletes] == [403], show(deletes)  # one, for the first pod only
+    assert await operator.metric("nmo_forced_deletions_total", outcome="forbidden") == before + 1
+    logged = operator.logs().splitlines()
+    said = [line for line in logged if name in line and "not retrying" in line]
+    assert len(said) == 1, said
+    again = await api.nm(name)
+    assert again is not None and again["status"]["lastError"] == error
+    # All pods still there, none deleted.
+    assert all("deletionTimestamp" not in p["metadata"] for p in await api.pods(namespace))
+
+    # Granted delete on pods and the spec changed: the refusal is lifted, the pods go.
+    user = (await chart_identity(sandbox)).username.split(":")
+    role = f"nmo-test-pod-deletion-{uid()}"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}
+    await api.create(f"{rbac}/clusterroles", {"metadata": {"name": role}, "rules": [rule]})
+    subject = {"kind": "ServiceAccount", "namespace": user[2], "name": user[3]}
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role}
+    await api.create(
+        f"{rbac}/clusterrolebindings",
+        {"metadata": {"name": role}, "roleRef": ref, "subjects": [subject]},
+    )
+    try:
+        as_nmo = f"--as=system:serviceaccount:{user[2]}:{user[3]}"
+
+        async def granted() -> bool:
+            answer = await sandbox.kubectl("auth", "can-i", "delete", "pods", "-A", as_nmo)
+            return answer.stdout.strip() == "yes"
+
+        await wait_for(granted, what="delete on pods granted to nmo's ServiceAccount")
+        await api.merge(f"{NM}/{name}", {"spec": {"drain": {"timeoutSeconds": 4}}})
+        done = await wait_phase(api, name, "Succeeded", timeout=60)
+        assert "lastError" not in done["status"], done["status"]
+    finally:
+        await api.delete(f"{rbac}/clusterrolebindings/{role}")
+        await api.delete(f"{rbac}/clusterroles/{role}")
     await remove_nm(api, name)
 
 
@@ -367,8 +475,60 @@ async def _deadline_kept(api: Api, name: str, deadline: str) -> bool:
 # -- drain rules -------------------------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def flags(operator: Operator, *extra: str) -> AsyncIterator[None]:
+    """The session's nmo restarted with ``extra`` flags for a test, then as it was."""
+    saved = list(operator.extra)
+    operator.extra = [*saved, *extra]
+    try:
+        await operator.restart()
+        yield
+    finally:
+        operator.extra = saved
+        await operator.restart()
+
+
+async def test_pod_drain_rules_are_ignored_by_default_and_said_once(
+    operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    """Pod labels are tenant input (issue 20): with default flags no pod steers
+    its drain, as with the Go NMO. The issue's hold (wait-completed with
+    drain-order -1) stalled every other eviction for good; now every pod is
+    evicted at once, and a Warning names the ignored rules once."""
+    (node,) = await node_factory(1)
+    await bare_pod(api, namespace, "plain", node)
+    await bare_pod(api, namespace, "stay", node, labels={RULE: "skip"})
+    await bare_pod(
+        api, namespace, "hold", node, labels={RULE: "wait-completed"}, annotations={ORDER: "-1"}
+    )
+    await running(api, namespace, ["plain", "stay", "hold"])
+    window = await AuditWindow.open(sandbox)
+    name = await create_nm(api, node)
+    done = await wait_phase(api, name, "Succeeded")
+    assert done["status"]["evictionPods"] == 3, done["status"]
+    assert await api.pods(namespace, node=node) == []
+    evicted = sorted(
+        e.name
+        for e in nmo_events(await window.close())
+        if e.on("pods", subresource="eviction") and e.verb == "create"
+    )
+    assert evicted == ["hold", "plain", "stay"], evicted
+    (event,) = await api.wait_events(name, "DrainRulesIgnored")
+    assert event["type"] == "Warning"
+    assert f"{namespace}/stay (nodemaintenance.medik8s.io/drain=skip)" in event["message"]
+    assert event.get("count", 1) == 1
+    await remove_nm(api, name)
+
+
 async def test_drain_rules_and_pod_selector(
     operator: Operator, api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
+) -> None:
+    async with flags(operator, "--pod-drain-rules-namespaces", namespace):
+        await _drain_rules_and_pod_selector(api, namespace, node_factory, sandbox)
+
+
+async def _drain_rules_and_pod_selector(
+    api: Api, namespace: str, node_factory: Any, sandbox: Sandbox
 ) -> None:
     (node,) = await node_factory(1)
     web = {"tier": "web"}
@@ -409,6 +569,11 @@ async def test_drain_rules_and_pod_selector(
 async def test_unknown_drain_rule_blocks_instead_of_evicting(
     operator: Operator, api: Api, namespace: str, node_factory: Any
 ) -> None:
+    async with flags(operator, "--pod-drain-rules-namespaces", namespace):
+        await _unknown_drain_rule_blocks(api, namespace, node_factory)
+
+
+async def _unknown_drain_rule_blocks(api: Api, namespace: str, node_factory: Any) -> None:
     (node,) = await node_factory(1)
     await bare_pod(api, namespace, "typo", node, labels={RULE: "skipp"})
     await running(api, namespace, ["typo"])
@@ -472,14 +637,9 @@ async def test_drain_order_and_critical_pods_last(
     await bare_pod(api, namespace, "critical", node, priority_class="system-cluster-critical")
     await bare_pod(api, namespace, "early", node, annotations={ORDER: "-1"}, grace=2)
     await running(api, namespace, ["late", "first", "critical", "early"])
-    saved = list(operator.extra)
-    operator.extra = [*saved, "--critical-pods-last"]
-    try:
-        await operator.restart()
+    rules = ("--pod-drain-rules-namespaces", namespace)
+    async with flags(operator, "--critical-pods-last", *rules):
         name, evicted, left = await _evictions_and_departures(api, sandbox, node)
-    finally:
-        operator.extra = saved
-        await operator.restart()
     order = sorted(evicted, key=lambda n: evicted[n])
     print(f"evictions: {[(n, evicted[n].isoformat()) for n in order]}; left: {left}")
     assert order == ["early", "first", "critical", "late"], order

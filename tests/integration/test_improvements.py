@@ -346,11 +346,18 @@ async def test_retry_after_above_the_cap_is_honoured_while_other_nodes_drain(
                 return True
 
             await wait_for(throttling, what="the API server to call the throttle")
-            # The probe is labelled to be left alone by the drain.
-            await api.merge(
+            # The probe has served: it goes before the drain (which would evict it).
+            resp = await api.c.request(
+                "DELETE",
                 f"/api/v1/namespaces/{ns}/pods/probe",
-                {"metadata": {"labels": {"nodemaintenance.medik8s.io/drain": "skip"}}},
+                json={"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
             )
+            assert resp.status_code in (200, 202), resp.text
+
+            async def probe_gone() -> bool:
+                return await api.get(f"/api/v1/namespaces/{ns}/pods/probe") is None
+
+            await wait_for(probe_gone, what="the probe pod gone")
             first, second = f"nm-{uid()}-slow", f"nm-{uid()}-quick"
             await api.create_nm(first, slow_node)
 

@@ -96,7 +96,15 @@ async def test_plan_blocked_by_a_pdb_then_relaxed(
         f"this node: {ns}/web-1, {ns}/web-2"
     )
 
-    text = await nmo(sandbox, "plan", node)
+    # As the Go NMO, an operator with default flags honours no pod's own rules:
+    # so does the preflight. With the namespace allowed, both do.
+    default = await nmo(sandbox, "plan", node)
+    assert default.stdout.splitlines()[-1].startswith(
+        f"{node}: 5 pods to evict, 0 waited on, 0 skipped; BLOCKED now"
+    ), default.stdout
+    assert "ignoring the drain rules of Pods in namespaces not allowed" in default.stdout
+    rules = ("--pod-drain-rules-namespaces", ns)
+    text = await nmo(sandbox, "plan", node, *rules)
     print(f"nmo plan {node}:\n{text.stdout}")
     assert text.returncode == 3, text.stderr
     lines = text.stdout.splitlines()
@@ -110,7 +118,7 @@ async def test_plan_blocked_by_a_pdb_then_relaxed(
     figures = ["2", "2", "0", "2", "0", "BLOCKS"]
     assert budget_row.split() == [f"{ns}/web-pdb", *figures, f"{ns}/web-1,", f"{ns}/web-2"]
 
-    doc = await nmo(sandbox, "plan", node, "-o", "json")
+    doc = await nmo(sandbox, "plan", node, *rules, "-o", "json")
     assert doc.returncode == 3, doc.stderr
     out = json.loads(doc.stdout)
     assert (out["schema"], out["blocked"], out["errors"]) == ("nmo.plan/v1", True, [])
@@ -135,7 +143,7 @@ async def test_plan_blocked_by_a_pdb_then_relaxed(
     }
 
     # --pod-selector leaves every other pod alone (the job too): nothing blocks.
-    selected = await nmo(sandbox, "plan", node, "--pod-selector", "app=db")
+    selected = await nmo(sandbox, "plan", node, *rules, "--pod-selector", "app=db")
     assert selected.returncode == 0, selected.stdout + selected.stderr
     assert selected.stdout.splitlines()[-1] == (
         f"{node}: 1 pod to evict, 0 waited on, 4 skipped; nothing blocks now"
@@ -144,7 +152,7 @@ async def test_plan_blocked_by_a_pdb_then_relaxed(
     # One disruption allowed: not blocked, but one eviction at a time.
     await api.merge(f"{PDBS.format(ns=ns)}/web-pdb", {"spec": {"minAvailable": 1}})
     await budget_settles(api, ns, "web-pdb", healthy=2, allowed=1)
-    relaxed = await nmo(sandbox, "plan", node)
+    relaxed = await nmo(sandbox, "plan", node, *rules)
     assert relaxed.returncode == 0, relaxed.stdout + relaxed.stderr
     assert relaxed.stdout.splitlines()[-1] == (
         f"{node}: 3 pods to evict, 1 waited on, 1 skipped; nothing blocks now "

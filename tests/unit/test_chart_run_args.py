@@ -43,3 +43,22 @@ def test_critical_pods_last_is_off_unless_the_chart_turns_it_on(helm_env: dict[s
     docs = render(helm_env, "--set", "drain.criticalPodsLast=true")
     assert _settings(manager_args(docs)).engine.plan.critical_last is True
     assert build_parser().parse_args(["run"]).critical_pods_last is False
+
+
+def test_pod_drain_rules_are_off_unless_the_chart_allows_namespaces(
+    helm_env: dict[str, str],
+) -> None:
+    """Pod labels are tenant input: no namespace's rules by default (issue 20)."""
+    plan = _settings(manager_args(render(helm_env))).engine.plan
+    assert plan.pod_rules_namespaces == frozenset()
+    assert plan.max_drain_seconds == 0
+    docs = render(
+        helm_env,
+        "--set", "drain.podRulesNamespaces={team-a,team-b}",
+        "--set", "drain.maxSeconds=3600",
+        "--set", "drain.maxAction=Abort",
+    )  # fmt: skip
+    plan = _settings(manager_args(docs)).engine.plan
+    assert plan.pod_rules_namespaces == frozenset({"team-a", "team-b"})
+    assert (plan.max_drain_seconds, plan.max_drain_action.value) == (3600, "Abort")
+    assert build_parser().parse_args(["run"]).pod_drain_rules_namespaces == frozenset()

@@ -23,8 +23,9 @@ from nmo.core.maintenance.drainplan import Deadline, deadline_of, plan_drain
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.core.maintenance.node import PriorState
 from nmo.core.maintenance.observed import LeaseStep, Observed, Recall, Work
-from nmo.core.maintenance.pods import grace_seconds, order_key, select_pods
+from nmo.core.maintenance.pods import every_namespace, grace_seconds, order_key, select_pods
 
+ALL = every_namespace  # these tables test the pod rules themselves
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 START = NOW - timedelta(seconds=100)
 Obj = dict[str, Any]
@@ -140,9 +141,9 @@ def test_drain_matrix(
     anchor = pod("anchor", labels={"tier": "web"})
     states["app/anchor"] = blocked_state("anchor")
     pods = [anchor, subject]
-    selection = select_pods(pods, no_ds, SELECTOR)
+    selection = select_pods(pods, no_ds, SELECTOR, rules=ALL)
     dl = deadline(at, action)
-    out = plan_drain(selection, states, {"app/db-pdb": pdb()}, dl, tick=0.0, now=NOW)
+    out = plan_drain(selection, states, {"app/db-pdb": pdb()}, dl, tick=0.0, now=NOW, rules=ALL)
     due = {p["metadata"]["name"] for p in out.survey.due}
     forced = {p["metadata"]["name"]: g for p, g in out.force}
     pending = {name for _, name in out.survey.report.pending}
@@ -205,21 +206,23 @@ def test_order_key_critical_last_within_an_order_when_asked() -> None:
         "d": pod("d", order="-2", critical=True),
         "e": pod("e", order="oops"),
     }
-    keys = {k: order_key(p, critical_last=True) for k, p in pods.items()}
+    keys = {k: order_key(p, critical_last=True, rules=ALL) for k, p in pods.items()}
     assert sorted(keys, key=lambda k: keys[k]) == ["d", "a", "e", "b", "c"]
     # Off by default (the Go NMO): a critical pod is one of its order like any other.
-    keys = {k: order_key(p) for k, p in pods.items()}
+    keys = {k: order_key(p, rules=ALL) for k, p in pods.items()}
     assert sorted(keys, key=lambda k: keys[k]) == ["d", "a", "b", "e", "c"]
 
 
 def test_critical_pods_are_evicted_with_the_others_by_default() -> None:
     pods = [pod("a"), pod("b", critical=True)]
-    out = plan_drain(select_pods(pods, no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods(pods, no_ds, rules=ALL), {}, {}, deadline(None), tick=0.0, now=NOW, rules=ALL
+    )
     assert [p["metadata"]["name"] for p in out.survey.due] == ["a", "b"]
 
 
 def test_unreadable_order_is_a_warning_and_order_zero() -> None:
-    sel = select_pods([pod("e", order="oops")], no_ds)
+    sel = select_pods([pod("e", order="oops")], no_ds, rules=ALL)
     assert any("drain-order='oops' is not an integer, using 0" in w for w in sel.warnings)
 
 
@@ -230,8 +233,8 @@ def test_forced_grace_is_the_pods_own_never_zero(grace: int | None, used: int) -
 
 def test_only_the_lowest_order_is_due_and_held_pods_say_why() -> None:
     pods = [pod("a"), pod("b", critical=True), pod("c", order="2")]
-    sel = select_pods(pods, no_ds)
-    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW, critical_last=True)
+    sel = select_pods(pods, no_ds, rules=ALL)
+    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW, critical_last=True, rules=ALL)
     assert [p["metadata"]["name"] for p in out.survey.due] == ["a"]
     details = {d.name: d for d in out.survey.report.details}
     assert details["b"].reason == "Waiting"
@@ -245,7 +248,15 @@ def test_only_the_lowest_order_is_due_and_held_pods_say_why() -> None:
 def test_a_wait_completed_pod_holds_later_orders() -> None:
     job = pod("job", labels={c.DRAIN_RULE_LABEL: "wait-completed"})
     later = pod("web", order="1")
-    out = plan_drain(select_pods([job, later], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods([job, later], no_ds, rules=ALL),
+        {},
+        {},
+        deadline(None),
+        tick=0.0,
+        now=NOW,
+        rules=ALL,
+    )
     assert out.survey.due == []
     assert out.condition.reason == "WaitingForCompletion"
     assert out.condition.message == (
@@ -253,7 +264,15 @@ def test_a_wait_completed_pod_holds_later_orders() -> None:
         "to complete: app/job"
     )
     done = pod("job", labels={c.DRAIN_RULE_LABEL: "wait-completed"}, phase="Succeeded")
-    out = plan_drain(select_pods([done, later], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods([done, later], no_ds, rules=ALL),
+        {},
+        {},
+        deadline(None),
+        tick=0.0,
+        now=NOW,
+        rules=ALL,
+    )
     assert [p["metadata"]["name"] for p in out.survey.due] == ["web"]
 
 
@@ -262,7 +281,15 @@ def test_blocked_message_groups_pods_by_pdb_with_numbers() -> None:
     states = {f"app/w{i}": blocked_state(f"w{i}", "web") for i in range(7)}
     states["app/d0"] = blocked_state("d0", "gone-pdb")
     pdbs = {"app/web": pdb("web", desired=7, current=7)}
-    out = plan_drain(select_pods(pods, no_ds), states, pdbs, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods(pods, no_ds, rules=ALL),
+        states,
+        pdbs,
+        deadline(None),
+        tick=0.0,
+        now=NOW,
+        rules=ALL,
+    )
     assert out.condition.reason == "Blocked"
     assert out.condition.message == (
         "PodDisruptionBudget app/gone-pdb (not in the cache), holding 1 pod: app/d0; "
@@ -273,12 +300,13 @@ def test_blocked_message_groups_pods_by_pdb_with_numbers() -> None:
 
 def test_unknown_rule_blocks_with_its_own_message() -> None:
     out = plan_drain(
-        select_pods([pod("t", labels={c.DRAIN_RULE_LABEL: "skipp"})], no_ds),
+        select_pods([pod("t", labels={c.DRAIN_RULE_LABEL: "skipp"})], no_ds, rules=ALL),
         {},
         {},
         deadline(None),
         tick=0.0,
         now=NOW,
+        rules=ALL,
     )
     assert out.survey.due == []
     assert out.condition.reason == "Blocked"
@@ -288,7 +316,9 @@ def test_unknown_rule_blocks_with_its_own_message() -> None:
 
 def test_nothing_pending_is_drained() -> None:
     skip = pod("s", labels={c.DRAIN_RULE_LABEL: "skip"})
-    out = plan_drain(select_pods([skip], no_ds), {}, {}, deadline(-10), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods([skip], no_ds, rules=ALL), {}, {}, deadline(-10), tick=0.0, now=NOW, rules=ALL
+    )
     assert out.condition.status is ConditionStatus.TRUE and out.condition.reason == "Drained"
     assert not out.timed_out and not out.force
 
@@ -445,7 +475,7 @@ def test_planner_delete_forces_past_the_deadline() -> None:
 def test_an_invalid_selector_blocks_instead_of_leaving_every_pod_alone() -> None:
     broken = {"matchExpressions": [{"key": "tier", "operator": "In"}]}
     sel = select_pods([pod("a"), pod("b")], no_ds, broken)
-    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(sel, {}, {}, deadline(None), tick=0.0, now=NOW, rules=ALL)
     assert out.survey.due == [] and len(out.survey.report.pending) == 2
     assert out.condition.reason == "Blocked"
     assert (
@@ -457,8 +487,18 @@ def test_an_invalid_selector_blocks_instead_of_leaving_every_pod_alone() -> None
 def test_waiting_for_completion_only_once_the_evicted_pods_are_gone() -> None:
     job = pod("job", labels={c.DRAIN_RULE_LABEL: "wait-completed"})
     leaving = pod("web", terminating=True)
-    out = plan_drain(select_pods([job, leaving], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods([job, leaving], no_ds, rules=ALL),
+        {},
+        {},
+        deadline(None),
+        tick=0.0,
+        now=NOW,
+        rules=ALL,
+    )
     assert out.condition.reason == "Draining"
     assert out.condition.message == "2 pods pending: 1 terminating, 1 waiting to complete"
-    out = plan_drain(select_pods([job], no_ds), {}, {}, deadline(None), tick=0.0, now=NOW)
+    out = plan_drain(
+        select_pods([job], no_ds, rules=ALL), {}, {}, deadline(None), tick=0.0, now=NOW, rules=ALL
+    )
     assert out.condition.reason == "WaitingForCompletion"

@@ -83,6 +83,7 @@ def pdb(
 
 def plan(pods: list[Obj], pdbs: list[Obj] | None = None, **kw: Any) -> pf.Preflight:
     ds_exists = kw.pop("ds_exists", True)
+    kw.setdefault("pod_rules_namespaces", {"*"})  # these tables test the pod rules
     return pf.preflight("node-2", pods, pdbs or [], lambda _key: ds_exists, **kw)
 
 

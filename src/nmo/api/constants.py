@@ -48,6 +48,8 @@ EVENT_COMPONENT: Final = "NodeMaintenance"
 # nmo additions (issue 12): reasons only, the messages name the deadline or pod.
 EVENT_DRAIN_TIMED_OUT: Final = "DrainTimedOut"
 EVENT_POD_FORCE_DELETED: Final = "PodForceDeleted"
+# Pods' own drain rules ignored: their namespace is not allowed to set them (issue 20).
+EVENT_DRAIN_RULES_IGNORED: Final = "DrainRulesIgnored"
 
 # Webhook.
 WEBHOOK_NAME: Final = "vnodemaintenance.kb.io"

@@ -31,6 +31,7 @@ from nmo.cli.defaults import (
     CONTROLLER_RUNTIME_CERT_DIR,
     IN_POD_SHUTDOWN_DELAY,
     leader_election_namespace,
+    namespaces_arg,
     shutdown_delay,
     webhook_cert_dir,
 )
@@ -139,6 +140,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="within one drain order, evict pods of the system-cluster-critical and "
         "system-node-critical priority classes after the others (default: off, every "
         "pod at once, as the Go NMO)",
+    )
+    eng.add_argument(
+        "--pod-drain-rules-namespaces",
+        type=namespaces_arg,
+        default=namespaces_arg(os.environ.get("NMO_POD_DRAIN_RULES_NAMESPACES") or ""),
+        metavar="NS[,NS...]",
+        help="honour pods' own drain rules (label nodemaintenance.medik8s.io/drain, "
+        "annotation nodemaintenance.medik8s.io/drain-order) only in these namespaces; "
+        "'*': every namespace; default: none, as the Go NMO (pod labels are tenant input)",
+    )
+    eng.add_argument(
+        "--max-drain-seconds",
+        type=int,
+        default=_env_int("NMO_MAX_DRAIN_SECONDS", 0),
+        metavar="SECONDS",
+        help="a cap on every drain's duration that no CR can lift (0: none); at it, "
+        "--max-drain-action applies",
+    )
+    eng.add_argument(
+        "--max-drain-action",
+        choices=[a.value for a in OnTimeout],
+        default=os.environ.get("NMO_MAX_DRAIN_ACTION") or OnTimeout.REPORT.value,
+        help="what happens at --max-drain-seconds: Report, Delete (pods held by their own "
+        "drain rules too; needs the chart's drain.allowPodDeletion) or Abort",
     )
     fleet = run.add_argument_group("fleet budget and maintenance window")
     fleet.add_argument(
@@ -443,6 +468,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             drain_timeout=args.drain_timeout,
             on_timeout=OnTimeout(args.drain_on_timeout),
             critical_last=args.critical_pods_last,
+            pod_rules_namespaces=args.pod_drain_rules_namespaces,
+            max_drain_seconds=max(0, args.max_drain_seconds),
+            max_drain_action=OnTimeout(args.max_drain_action),
         ),
     )
     if args.identity:

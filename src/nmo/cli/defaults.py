@@ -24,12 +24,14 @@ The environment and the file system are parameters, so the tests need no pod.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from nmo.api import constants as c
+from nmo.core.maintenance.pods import parse_namespaces
 
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 IN_POD_SHUTDOWN_DELAY: Final = 5.0
@@ -87,3 +89,11 @@ def shutdown_delay(flag: float | None, environ: Mapping[str, str]) -> float:
     if not flag >= 0:  # refuses NaN too
         raise ValueError(f"--shutdown-delay-seconds must be 0 or more (got {flag:g})")
     return flag
+
+
+def namespaces_arg(text: str) -> frozenset[str]:
+    """argparse type of ``--pod-drain-rules-namespaces`` (``nmo run`` and ``nmo plan``)."""
+    try:
+        return parse_namespaces(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from nmo.api import constants as c
+from nmo.cli.defaults import namespaces_arg
 from nmo.core.errors import Conflict, KubeError
 from nmo.core.kube import Kube, RetryPolicy
 from nmo.core.selectors import parse_selector
@@ -103,6 +104,14 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="order the drain as an operator started with --critical-pods-last does "
         "(critical priority classes after the others)",
+    )
+    p.add_argument(
+        "--pod-drain-rules-namespaces",
+        type=namespaces_arg,
+        default=frozenset(),
+        metavar="NS[,NS...]",
+        help="honour pods' own drain rules in these namespaces, as an operator started "
+        "with the same flag does ('*': every namespace; default: none, as the Go NMO)",
     )
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
@@ -396,7 +405,13 @@ async def plan(args: argparse.Namespace) -> int:
         for node in dict.fromkeys(args.nodes):
             try:
                 results.append(
-                    await plan_node(kube, node, selector, critical_last=args.critical_pods_last)
+                    await plan_node(
+                        kube,
+                        node,
+                        selector,
+                        critical_last=args.critical_pods_last,
+                        pod_rules_namespaces=args.pod_drain_rules_namespaces,
+                    )
                 )
             except (NodeMissing, KubeError) as exc:
                 errors[node] = str(exc)

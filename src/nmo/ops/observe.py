@@ -9,7 +9,7 @@ decision is :func:`nmo.ops.preflight.preflight`'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,7 @@ async def plan_node(
     pod_selector: Mapping[str, Any] | None = None,
     *,
     critical_last: bool = False,
+    pod_rules_namespaces: Collection[str] = (),
 ) -> pf.Preflight:
     """Observe ``node`` and compute its preflight."""
     state = await observe(kube, node)
@@ -78,4 +79,5 @@ async def plan_node(
         lambda key: state.daemonsets.get(key, True),
         pod_selector,
         critical_last=critical_last,
+        pod_rules_namespaces=pod_rules_namespaces,
     )

@@ -25,7 +25,7 @@ is :mod:`nmo.ops.observe`'s job.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -34,14 +34,17 @@ from nmo.api import constants as c
 from nmo.core.maintenance.budgets import Budgets, budgets_for, names, shared_text
 from nmo.core.maintenance.drainstate import REASON_INVALID_RULE, REASON_WAIT_COMPLETED
 from nmo.core.maintenance.pods import (
+    RulesFrom,
     daemonset_owner,
     describe_order,
     grace_seconds,
+    no_pod_rules,
     order_key,
     pod_key,
     pod_name,
     pod_namespace,
     pod_phase,
+    rules_from,
     select_pods,
 )
 from nmo.core.selectors import format_selector
@@ -147,8 +150,9 @@ def _line(
     budgets: Sequence[str] = (),
     *,
     critical_last: bool = False,
+    rules: RulesFrom = no_pod_rules,
 ) -> PodLine:
-    order, critical = order_key(pod, critical_last=critical_last)
+    order, critical = order_key(pod, critical_last=critical_last, rules=rules)
     return PodLine(
         namespace=pod_namespace(pod),
         name=pod_name(pod),
@@ -177,17 +181,25 @@ def preflight(
     pod_selector: Mapping[str, Any] | None = None,
     *,
     critical_last: bool = False,
+    pod_rules_namespaces: Collection[str] = (),
 ) -> Preflight:
     """What draining ``node`` would do now, from its pods, their PDBs and DaemonSets
-    (``critical_last``: as an operator started with ``--critical-pods-last``)."""
-    sel = select_pods(pods, daemonset_exists, pod_selector)
+    (``critical_last``: as an operator started with ``--critical-pods-last``;
+    ``pod_rules_namespaces``: with ``--pod-drain-rules-namespaces``)."""
+    rules = rules_from(pod_rules_namespaces)
+    sel = select_pods(pods, daemonset_exists, pod_selector, rules=rules)
     budgets = budgets_for(sel.evict, pdbs)
     covering: dict[str, list[str]] = {}
     for cov in budgets.coverage:
         for key in (*cov.pods, *cov.passing):
             covering.setdefault(key, []).append(cov.key)
     evict = [
-        _line(p, budgets=sorted(covering.get(pod_key(p), [])), critical_last=critical_last)
+        _line(
+            p,
+            budgets=sorted(covering.get(pod_key(p), [])),
+            critical_last=critical_last,
+            rules=rules,
+        )
         for p in sel.evict
     ]
     waited = [
@@ -196,9 +208,13 @@ def preflight(
             REASON_WAIT_COMPLETED,
             "labelled wait-completed: waiting for it to complete",
             critical_last=critical_last,
+            rules=rules,
         )
         for p in sel.wait
-    ] + [_line(p, REASON_INVALID_RULE, why, critical_last=critical_last) for p, why in sel.invalid]
+    ] + [
+        _line(p, REASON_INVALID_RULE, why, critical_last=critical_last, rules=rules)
+        for p, why in sel.invalid
+    ]
     skipped = [
         _line(p, Skip.MIRROR, "mirror (static) pod, managed by the kubelet") for p in sel.mirror
     ]
@@ -208,7 +224,7 @@ def preflight(
     ]
     for p in sel.skipped:
         labels = (p.get("metadata") or {}).get("labels") or {}
-        if labels.get(c.DRAIN_RULE_LABEL) == c.DRAIN_RULE_SKIP:
+        if labels.get(c.DRAIN_RULE_LABEL) == c.DRAIN_RULE_SKIP and rules(pod_namespace(p)):
             why = f"labelled {c.DRAIN_RULE_LABEL}={c.DRAIN_RULE_SKIP}"
             skipped.append(_line(p, Skip.DRAIN_RULE, why))
         else:
@@ -220,7 +236,9 @@ def preflight(
     ]
     groups: dict[tuple[int, int], list[str]] = {}
     for p in (*sel.evict, *sel.waited):
-        groups.setdefault(order_key(p, critical_last=critical_last), []).append(pod_key(p))
+        groups.setdefault(order_key(p, critical_last=critical_last, rules=rules), []).append(
+            pod_key(p)
+        )
     # The skipped pods are listed with their reasons already.
     warnings = [w for w in sel.warnings if not w.startswith(_LISTED_WARNINGS)]
     return Preflight(

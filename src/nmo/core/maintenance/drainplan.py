@@ -43,9 +43,12 @@ from nmo.core.maintenance.drainstate import (
     terminating_since,
 )
 from nmo.core.maintenance.pods import (
+    RulesFrom,
     Selection,
     describe_order,
     grace_seconds,
+    ignored_rules,
+    no_pod_rules,
     order_key,
     pod_key,
 )
@@ -67,6 +70,7 @@ class Deadline:
     start: datetime  # when the drain started (status.drainStartTime)
     at: datetime | None  # None: no deadline
     action: OnTimeout
+    capped: bool = False  # the operator's --max-drain-seconds set it
 
     @property
     def seconds(self) -> int | None:
@@ -74,9 +78,20 @@ class Deadline:
 
 
 def deadline_of(
-    nm: NodeMaintenance, now: datetime, *, default_timeout: int, default_action: OnTimeout
+    nm: NodeMaintenance,
+    now: datetime,
+    *,
+    default_timeout: int,
+    default_action: OnTimeout,
+    cap_seconds: int = 0,
+    cap_action: OnTimeout = OnTimeout.REPORT,
 ) -> Deadline:
-    """The drain's deadline, from the CR alone (plus the operator's defaults)."""
+    """The drain's deadline, from the CR alone (plus the operator's defaults).
+
+    ``cap_seconds`` (> 0) is the admin's cap on every drain: no CR lifts it.
+    When it comes first (or together), it sets the deadline and its action is
+    ``cap_action``.
+    """
     st, spec = nm.status, nm.spec.drain
     start = st.drain_start_time or now
     action = spec.on_timeout if spec is not None and spec.on_timeout is not None else None
@@ -88,6 +103,10 @@ def deadline_of(
         at = st.drain_deadline  # set from the operator's default when the drain started
     elif default_timeout > 0:
         at = start + timedelta(seconds=default_timeout)
+    if cap_seconds > 0:
+        cap = start + timedelta(seconds=cap_seconds)
+        if at is None or cap <= at:
+            return Deadline(start=start, at=cap, action=cap_action, capped=True)
     return Deadline(start=start, at=at, action=action or default_action)
 
 
@@ -110,11 +129,11 @@ class DrainPlan:
 
 
 def _hold(
-    selection: Selection, *, critical_last: bool
+    selection: Selection, *, critical_last: bool, rules: RulesFrom
 ) -> tuple[dict[str, str], tuple[int, int] | None]:
     """Evictable pods not due yet because an earlier order is still on the node."""
     keys = {
-        pod_key(p): order_key(p, critical_last=critical_last)
+        pod_key(p): order_key(p, critical_last=critical_last, rules=rules)
         for p in (*selection.evict, *selection.waited)
     }
     if not keys:
@@ -133,14 +152,29 @@ def plan_drain(
     tick: float,
     now: datetime,
     critical_last: bool = False,
+    rules: RulesFrom = no_pod_rules,
 ) -> DrainPlan:
-    """One pass of the node's drain (see the module docstring)."""
-    hold, _ = _hold(selection, critical_last=critical_last)
+    """One pass of the node's drain (see the module docstring; ``rules``: the
+    namespaces whose pods' drain rules the selection honoured)."""
+    hold, _ = _hold(selection, critical_last=critical_last, rules=rules)
     waited = [
         (p, REASON_WAIT_COMPLETED, "labelled wait-completed: waiting for it to complete")
         for p in selection.wait
     ] + [(p, REASON_INVALID_RULE, why) for p, why in selection.invalid]
-    drain = survey(states, selection.evict, tick=tick, now=now, hold=hold, waited=waited)
+    remarks = {
+        pod_key(p): f"drain rules ignored ({ignored_rules(p)}): its namespace is not allowed "
+        "to set them (--pod-drain-rules-namespaces)"
+        for p in selection.ignored
+    }
+    drain = survey(
+        states,
+        selection.evict,
+        tick=tick,
+        now=now,
+        hold=hold,
+        waited=waited,
+        remarks=remarks,
+    )
     pending = len(drain.report.pending)
     wake = drain.report.next_wake
     force: list[tuple[Pod, int]] = []
@@ -243,10 +277,11 @@ def timed_out_message(deadline: Deadline, pending: int) -> str:
         "bypassing PodDisruptionBudgets",
         OnTimeout.ABORT: "maintenance aborted, node restored and lease released",
     }[deadline.action]
+    cap = " (the operator's cap, --max-drain-seconds)" if deadline.capped else ""
     return (
-        f"drain did not finish within {deadline.seconds}s (deadline {_stamp(deadline.at)}): "
-        f"{pending} pod{'s' if pending != 1 else ''} pending; onTimeout {deadline.action.value}: "
-        f"{what}"
+        f"drain did not finish within {deadline.seconds}s{cap} (deadline "
+        f"{_stamp(deadline.at)}): {pending} pod{'s' if pending != 1 else ''} pending; "
+        f"onTimeout {deadline.action.value}: {what}"
     )
 
 

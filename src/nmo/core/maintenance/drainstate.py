@@ -115,14 +115,17 @@ def survey(
     now: datetime,
     hold: Mapping[str, str] | None = None,
     waited: Sequence[tuple[Pod, str, str]] = (),
+    remarks: Mapping[str, str] | None = None,
 ) -> Survey:
     """The drain of one node: pending pods, what is due, what is stale.
 
     ``pods`` are the pods to evict; those in ``hold`` (key -> why) are pending
     but not due yet (a later drain order). ``waited`` are pods the drain waits
-    on without evicting them, as ``(pod, reason, message)``.
+    on without evicting them, as ``(pod, reason, message)``. ``remarks``
+    (key -> text) is shown for a pod that has no message of its own.
     """
     hold = hold or {}
+    remarks = remarks or {}
     present = {pod_key(p): p for p in pods}
     extra = {pod_key(p): (p, reason, message) for p, reason, message in waited}
     stale = [
@@ -161,6 +164,8 @@ def survey(
             reason, message = REASON_WAITING, hold[key]
         elif state is None and not terminating:
             reason = REASON_EVICTING
+        if not message and key in remarks:
+            message = remarks[key]
         if reason in ERROR_REASONS:
             errors.append(message)
         meta = pod["metadata"]

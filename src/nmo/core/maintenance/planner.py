@@ -71,6 +71,12 @@ class PlanSettings:
     queue_recheck: float = 30.0  # a queued CR is looked at again at least this often
     heartbeat: float = 60.0  # lastUpdate of a Pending or Running CR is never older than this
     critical_last: bool = False  # --critical-pods-last: critical pods after the others (opt-in)
+    # --pod-drain-rules-namespaces: whose pods' drain label and drain-order are
+    # honoured (none: the Go NMO's behaviour; "*": every namespace).
+    pod_rules_namespaces: frozenset[str] = frozenset()
+    # --max-drain-seconds / --max-drain-action: a cap on every drain that no CR lifts.
+    max_drain_seconds: int = 0
+    max_drain_action: OnTimeout = OnTimeout.REPORT
 
 
 SETTINGS = PlanSettings()
@@ -151,25 +157,42 @@ def _disowned(nm: NodeMaintenance) -> dict[str, Any]:
     return {"ownerReferences": kept} if len(kept) != len(refs) else {}
 
 
-def _selection(obs: Observed, pods: tuple[Obj, ...]) -> podselect.Selection:
+def _selection(obs: Observed, pods: tuple[Obj, ...], settings: PlanSettings) -> podselect.Selection:
     drain = obs.nm.spec.drain
     selector = None
     if drain is not None and drain.pod_selector is not None:
         selector = drain.pod_selector.model_dump(by_alias=True, exclude_none=True)
-    return podselect.select_pods(pods, lambda key: obs.daemonsets.get(key, False), selector)
+    return podselect.select_pods(
+        pods,
+        lambda key: obs.daemonsets.get(key, False),
+        selector,
+        rules=podselect.rules_from(settings.pod_rules_namespaces),
+    )
 
 
-def _started(obs: Observed) -> NodeMaintenanceStatus:
+def _started(obs: Observed, settings: PlanSettings) -> NodeMaintenanceStatus:
     """The status with the drain's starting figures once the pods are known (A2.2)."""
     st = obs.nm.status
     if st.begun or obs.pods is None:
         return st
-    selection = _selection(obs, obs.pods)
+    selection = _selection(obs, obs.pods, settings)
     refs = [
         PodReference(namespace=podselect.pod_namespace(p), name=podselect.pod_name(p))
         for p in (*selection.evict, *selection.waited)
     ]
     return status.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
+
+
+def _ignored_rules_event(selection: podselect.Selection) -> Emit:
+    """Pods whose own drain rules were ignored: a Warning on the CR, names capped."""
+    shown = selection.ignored[:MAX_EVENT_PODS]
+    names = ", ".join(f"{podselect.pod_key(p)} ({podselect.ignored_rules(p)})" for p in shown)
+    more = len(selection.ignored) - len(shown)
+    message = f"{podselect.IGNORED_RULES}: {names}" + (f" and {more} more" if more else "")
+    return Emit((c.EVENT_DRAIN_RULES_IGNORED, message), warning=True)
+
+
+MAX_EVENT_PODS = 10
 
 
 def needs_node(nm: NodeMaintenance) -> bool:
@@ -291,7 +314,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         lease = LeaseStep.FORCE
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
-    st = _started(obs)
+    st = _started(obs, settings)
     if resuming:
         st = status.resumed(st)
         notes.append(f"maintenance {nm.metadata.name}: node {node_name} exists again, resuming")
@@ -324,11 +347,18 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             status=_status_write(obs, st, settings),
             result=Result(requeue_after=settings.pods_wait),
         )
-    selection = _selection(obs, obs.pods)
+    selection = _selection(obs, obs.pods, settings)
     if not nm.status.begun:
         notes.extend(f"drain of node {node_name}: {w}" for w in selection.warnings)
+        if selection.ignored:  # said once per maintenance: with its first pass
+            base = replace(base, events=(*base.events, _ignored_rules_event(selection)))
     deadline = drainplan.deadline_of(
-        nm, now, default_timeout=settings.drain_timeout, default_action=settings.on_timeout
+        nm,
+        now,
+        default_timeout=settings.drain_timeout,
+        default_action=settings.on_timeout,
+        cap_seconds=settings.max_drain_seconds,
+        cap_action=settings.max_drain_action,
     )
     st = status.drain_timing(st, start=deadline.start, deadline=deadline.at)
     plan_ = drainplan.plan_drain(
@@ -339,6 +369,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         tick=obs.tick,
         now=now,
         critical_last=settings.critical_last,
+        rules=podselect.rules_from(settings.pod_rules_namespaces),
     )
     drain, report, cond = plan_.survey, plan_.survey.report, plan_.condition
     st = status.with_condition(
@@ -493,7 +524,7 @@ def plan_lease_failure(
     (one held by someone else is left alone) and the CR is Failed with the
     lease exhausted message.
     """
-    st = _started(obs)
+    st = _started(obs, settings)
     begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
     if not st.begun:
         # The node's pods are not known yet: the error is recorded with the

@@ -20,7 +20,13 @@ The options are fixed to NMO's (``--force --delete-emptydir-data
 Finished pods are evicted without the last two warnings, as kubectl's
 filters let any finished pod go.
 
-nmo's drain rules (issue 12) come after those filters:
+nmo's drain rules (issue 12) come after those filters. Pod labels and
+annotations are tenant input: they are honoured only for pods of the
+namespaces an admin allows (``--pod-drain-rules-namespaces``; none by
+default, as the Go NMO consults none). A rule of any other pod is ignored,
+the pod is drained as if it had none, and the selection says so
+(``Selection.ignored``). The CR's ``spec.drain.podSelector`` is the admin's
+and always applies.
 
 - a pod labelled ``nodemaintenance.medik8s.io/drain=skip``, or not matching
   the CR's ``spec.drain.podSelector``, is left alone and does not block;
@@ -38,7 +44,8 @@ evicts every pod at once), pods of the ``system-cluster-critical`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +53,67 @@ from nmo.api import constants as c
 from nmo.core.selectors import selector_error, selector_matches
 
 Pod = dict[str, Any]
+
+# namespace -> may its pods steer their own drain (the drain label, drain-order)?
+RulesFrom = Callable[[str], bool]
+
+ANY_NAMESPACE = "*"  # in --pod-drain-rules-namespaces: every namespace (issue 12's behaviour)
+
+
+def no_pod_rules(_namespace: str) -> bool:
+    """The default: no pod steers its drain, as with the Go NMO."""
+    return False
+
+
+def every_namespace(_namespace: str) -> bool:
+    return True
+
+
+def rules_from(namespaces: Collection[str]) -> RulesFrom:
+    """The namespaces whose pods' drain rules are honoured (``*``: all)."""
+    if not namespaces:
+        return no_pod_rules
+    if ANY_NAMESPACE in namespaces:
+        return every_namespace
+    allowed = frozenset(namespaces)
+    return allowed.__contains__
+
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def parse_namespaces(text: str) -> frozenset[str]:
+    """``--pod-drain-rules-namespaces``: comma-separated namespace names, or ``*``.
+
+    Raises ValueError naming the first entry that is not a namespace name.
+    """
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    for name in names:
+        if name != ANY_NAMESPACE and not _NAMESPACE.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a namespace name (lower-case DNS label) or {ANY_NAMESPACE!r}"
+            )
+    return frozenset(names)
+
+
+def has_rules(pod: Pod) -> bool:
+    """Whether the pod carries a drain rule label or a drain-order annotation."""
+    meta = pod.get("metadata") or {}
+    return c.DRAIN_RULE_LABEL in (meta.get("labels") or {}) or c.DRAIN_ORDER_ANNOTATION in (
+        meta.get("annotations") or {}
+    )
+
+
+def ignored_rules(pod: Pod) -> str:
+    """The pod's own rules, as shown when they are ignored."""
+    meta = pod.get("metadata") or {}
+    parts = []
+    if (rule := (meta.get("labels") or {}).get(c.DRAIN_RULE_LABEL)) is not None:
+        parts.append(f"{c.DRAIN_RULE_LABEL}={rule}")
+    if (order := (meta.get("annotations") or {}).get(c.DRAIN_ORDER_ANNOTATION)) is not None:
+        parts.append(f"{c.DRAIN_ORDER_ANNOTATION}={order}")
+    return ", ".join(parts)
+
 
 DAEMONSET_KIND = "DaemonSet"
 DAEMONSET_API_VERSION = "apps/v1"
@@ -62,6 +130,7 @@ class Selection:
     wait: list[Pod] = field(default_factory=list)  # drain=wait-completed, not completed yet
     completed: list[Pod] = field(default_factory=list)  # drain=wait-completed, completed
     invalid: list[tuple[Pod, str]] = field(default_factory=list)  # unknown rule: (pod, why)
+    ignored: list[Pod] = field(default_factory=list)  # rules of a namespace not allowed them
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -132,10 +201,13 @@ def is_critical(pod: Pod) -> bool:
     return (pod.get("spec") or {}).get("priorityClassName") in c.CRITICAL_PRIORITY_CLASSES
 
 
-def order_key(pod: Pod, *, critical_last: bool = False) -> tuple[int, int]:
-    """Drain order: the annotation first, then (with ``critical_last``) critical
-    pods last within it."""
-    return drain_order(pod)[0], 1 if critical_last and is_critical(pod) else 0
+def order_key(
+    pod: Pod, *, critical_last: bool = False, rules: RulesFrom = no_pod_rules
+) -> tuple[int, int]:
+    """Drain order: the annotation (of a namespace ``rules`` allows) first, then
+    (with ``critical_last``) critical pods last within it."""
+    order = drain_order(pod)[0] if rules(pod_namespace(pod)) else 0
+    return order, 1 if critical_last and is_critical(pod) else 0
 
 
 def describe_order(key: tuple[int, int]) -> str:
@@ -150,12 +222,21 @@ def grace_seconds(pod: Pod) -> int:
     return max(1, grace)
 
 
+IGNORED_RULES = (
+    "ignoring the drain rules of Pods in namespaces not allowed to set them "
+    "(--pod-drain-rules-namespaces)"
+)
+
+
 def select_pods(
     pods: Iterable[Pod],
     daemonset_exists: Callable[[str], bool],
     pod_selector: Mapping[str, Any] | None = None,
+    *,
+    rules: RulesFrom = no_pod_rules,
 ) -> Selection:
-    """Split the node's pods into those to evict, to wait on and to leave alone."""
+    """Split the node's pods into those to evict, to wait on and to leave alone
+    (``rules``: whose drain rules are honoured)."""
     sel = Selection()
     local: list[str] = []
     unmanaged: list[str] = []
@@ -177,6 +258,11 @@ def select_pods(
             sel.invalid.append((pod, f"{broken}: nothing is evicted until it is fixed"))
             continue
         rule = labels.get(c.DRAIN_RULE_LABEL)
+        own = rules(pod_namespace(pod))
+        if not own:
+            if has_rules(pod):
+                sel.ignored.append(pod)
+            rule = None
         if rule == c.DRAIN_RULE_SKIP or not selector_matches(pod_selector, labels):
             sel.skipped.append(pod)
             continue
@@ -193,7 +279,7 @@ def select_pods(
                 )
             )
             continue
-        if (why := drain_order(pod)[1]) is not None:
+        if own and (why := drain_order(pod)[1]) is not None:
             sel.warnings.append(why)
         if not is_completed(pod):
             if _has_empty_dir(pod):
@@ -208,6 +294,9 @@ def select_pods(
         sel.warnings.append(f"deleting Pods with local storage: {', '.join(local)}")
     if unmanaged:
         sel.warnings.append(f"deleting Pods that declare no controller: {', '.join(unmanaged)}")
+    if sel.ignored:
+        names = ", ".join(f"{pod_key(p)} ({ignored_rules(p)})" for p in sel.ignored)
+        sel.warnings.append(f"{IGNORED_RULES}: {names}")
     if sel.skipped:
         names = ", ".join(pod_key(p) for p in sel.skipped)
         sel.warnings.append(f"leaving Pods alone (drain rule or podSelector): {names}")
