@@ -78,6 +78,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "config.openshift.io/v1")) }}true{{ end -}}
 {{- end -}}
 
+{{/*
+Whether OpenShift's SCC chooses the pod's user: restricted-v2 gives each pod
+a UID and an fsGroup from its namespace's range and refuses any other, so the
+chart then fixes neither (the Go NMO's manifests set only runAsNonRoot).
+*/}}
+{{- define "nmo.sccAssignsUser" -}}
+{{- $mode := toString .Values.openshift.restrictedSCC -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) }}true{{ end -}}
+{{- end -}}
+
 {{- define "nmo.defaultAffinity" -}}
 nodeAffinity:
   preferredDuringSchedulingIgnoredDuringExecution:
