@@ -410,6 +410,38 @@ def test_a_read_only_root_filesystem_keeps_the_metrics_certificate_in_shared_mem
     assert private_dir("nmo-metrics-cert-", fallback=str(shm)).parent == tmp_path
 
 
+def test_without_a_writable_temporary_directory_certificates_load_from_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Go CSV: readOnlyRootFilesystem and no /tmp volume, where tempfile finds
+    no directory and every certificate load (a scratch copy for OpenSSL)
+    raised: the metrics server, and so the pod, never started. Tests run as
+    root, who may write anywhere, so the unusable directory is a file."""
+    import tempfile
+
+    from nmo.cli.defaults import temporary_directory
+    from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(blocker)])
+    write_self_signed(tmp_path / "cert", ["localhost"])
+    with pytest.raises(FileNotFoundError, match="No usable temporary directory"):
+        ReloadingCertificate(tmp_path / "cert").load()
+    with pytest.raises(FileNotFoundError):
+        temporary_directory(fallback=str(tmp_path / "no-shm"))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    used, why = temporary_directory(fallback=str(shm))
+    assert (used, tempfile.gettempdir()) == (str(shm), str(shm))
+    assert why is not None and "No usable temporary directory" in why
+    ReloadingCertificate(tmp_path / "cert").load()
+    assert list(shm.iterdir()) == []  # the scratch copy is gone
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # usable: kept as it is
+    assert temporary_directory(fallback=str(shm)) == (str(tmp_path), None)
+
+
 def test_status_heartbeat_defaults_to_a_minute_and_takes_seconds() -> None:
     assert settings_from(parse([])).engine.plan.heartbeat == 60.0
     assert settings_from(parse(["--status-heartbeat", "10"])).engine.plan.heartbeat == 10.0

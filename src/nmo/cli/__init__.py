@@ -33,6 +33,7 @@ from nmo.cli.defaults import (
     leader_election_namespace,
     namespaces_arg,
     shutdown_delay,
+    temporary_directory,
     webhook_cert_dir,
 )
 from nmo.core import logsetup
@@ -652,6 +653,13 @@ def main(argv: list[str] | None = None) -> int:
         except goflags.GoFlagError as exc:
             return _run_error(str(exc))
         logsetup.setup(logs.level, logs.fmt, time_encoding=logs.time_encoding)
+        try:
+            tmp, why = temporary_directory()
+        except FileNotFoundError as exc:
+            log.error("%s, nor is /dev/shm: mount an emptyDir at /tmp", exc)
+            return 1
+        if why is not None:
+            log.info("%s; using %s", why, tmp)
         return asyncio.run(run(args))
     if args.command in ("gather", "cleanup", "status", "plan"):
         from nmo.cli import ops as ops_cli

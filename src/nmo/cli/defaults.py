@@ -17,7 +17,13 @@ image for nmo's must find the same ones (issue 11 item 1):
 * the shutdown delay: the flag, else 5 s in a pod (``$KUBERNETES_SERVICE_HOST``
   is set), where a Service routes the apiserver to several replicas and
   the drain keeps admissions answered while it drops this one, else 0 (a
-  process outside the cluster stops at once).
+  process outside the cluster stops at once);
+* the temporary directory (where the metrics server's self-signed pair and
+  each certificate loaded are written for OpenSSL): Python's usual one
+  (``$TMPDIR``, ``/tmp``, ...), else the container's ``/dev/shm``. The Go
+  CSV and Deployment run with a read-only root filesystem and no volume at
+  ``/tmp``, where :mod:`tempfile` finds no directory and raises at the first
+  certificate; ``/dev/shm`` is a writable tmpfs of every container.
 
 The environment and the file system are parameters, so the tests need no pod.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -80,6 +87,26 @@ def webhook_cert_dir(
     if _has_pair(Path(controller_runtime_dir), "tls.crt", "tls.key"):
         return controller_runtime_dir
     return olm_dir
+
+
+SHARED_MEMORY: Final = "/dev/shm"
+
+
+def temporary_directory(*, fallback: str = SHARED_MEMORY) -> tuple[str, str | None]:
+    """Make :mod:`tempfile` usable for this process; see the module docstring.
+
+    Returns (the directory, why the usual one was not used or None). When
+    no usual directory is writable and ``fallback`` is, ``tempfile.tempdir``
+    becomes ``fallback``: every later :mod:`tempfile` call in the process
+    (the webhooks' certificate loading included) writes there.
+    """
+    try:
+        return tempfile.gettempdir(), None
+    except FileNotFoundError as exc:
+        if not os.access(fallback, os.W_OK | os.X_OK):
+            raise
+        tempfile.tempdir = fallback
+        return fallback, str(exc)
 
 
 def shutdown_delay(flag: float | None, environ: Mapping[str, str]) -> float:
