@@ -33,3 +33,13 @@ def test_drain_fields_keep_their_shape_in_the_schema() -> None:
     columns = {col["name"]: col for col in version["additionalPrinterColumns"]}
     assert columns["Drain"]["jsonPath"] == '.status.conditions[?(@.type=="Drained")].reason'
     assert list(columns)[:5] == ["Node", "Phase", "Progress", "Drain", "Reason"]
+
+
+def test_node_name_is_immutable_in_the_schema() -> None:
+    """A CEL transition rule, so an UPDATE is refused even where the webhook's
+    UPDATE rule fails open (before 1.28) or no webhook is installed."""
+    version = crd()["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["nodeName"]["x-kubernetes-validations"] == [
+        {"rule": "self == oldSelf", "message": "updating spec.NodeName isn't allowed"}
+    ]

@@ -76,6 +76,11 @@ def crd() -> dict[str, Any]:
     """The NodeMaintenance CRD as a Kubernetes object."""
     spec = model_schema(NodeMaintenanceSpec)
     spec["description"] = "NodeMaintenanceSpec defines the desired state of NodeMaintenance"
+    # Immutable in the schema too: the webhook says so on UPDATE, but before
+    # Kubernetes 1.28 its UPDATE rule fails open (issue 20).
+    spec["properties"]["nodeName"]["x-kubernetes-validations"] = [
+        {"rule": "self == oldSelf", "message": c.Messages.WEBHOOK_NODENAME_CHANGED}
+    ]
     status = model_schema(NodeMaintenanceStatus)
     status["description"] = "NodeMaintenanceStatus defines the observed state of NodeMaintenance"
     return {

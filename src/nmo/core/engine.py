@@ -46,6 +46,7 @@ from nmo.core.memory import Memories, Memory
 from nmo.core.metrics import CONTROLLER, Metrics
 from nmo.core.notify import Notifier, NotifySettings
 from nmo.core.queue import WorkQueue
+from nmo.core.quorum import QuorumGuard
 from nmo.core.reconciler import NM_PATH, Reconciler
 from nmo.core.renewer import LeaseRenewers
 from nmo.core.watch import Informer
@@ -180,6 +181,7 @@ class Engine:
             wake_queued=self._wake_queued,
             settings=settings.plan,
             notifier=self.notifier,
+            quorum=QuorumGuard(kube),
         )
         self.elector: LeaderElector | None = None
         if settings.leader_election:

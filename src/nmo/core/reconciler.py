@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.api.models import NodeMaintenance
+from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.budget import Budget
 from nmo.core.drain import Evictor
 from nmo.core.errors import Conflict, InvalidName, KubeError, NotFound
@@ -38,6 +38,7 @@ from nmo.core.maintenance import budget as rules
 from nmo.core.maintenance import node as nodeplan
 from nmo.core.maintenance import planner, transitions
 from nmo.core.maintenance import pods as podselect
+from nmo.core.maintenance.budget import Admission
 from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
@@ -52,6 +53,7 @@ from nmo.core.maintenance.observed import (
 from nmo.core.memory import Memories, Memory
 from nmo.core.metrics import Metrics
 from nmo.core.notify import Notifier
+from nmo.core.quorum import QuorumGuard
 from nmo.core.renewer import LeaseRenewers
 from nmo.core.watch import Informer
 
@@ -86,6 +88,7 @@ class Reconciler:
         settings: planner.PlanSettings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         notifier: Notifier | None = None,
+        quorum: QuorumGuard | None = None,
     ) -> None:
         self.kube = kube
         self.maintenances = maintenances
@@ -103,6 +106,7 @@ class Reconciler:
         self.settings = settings or planner.PlanSettings()
         self.clock = clock
         self.notifier = notifier
+        self.quorum = quorum  # re-checks etcd quorum when a queued maintenance starts
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
@@ -152,6 +156,10 @@ class Reconciler:
         observed = await self.observe(nm, record)
         if self._wants_admission(observed):
             assert self.budget is not None
+            held = await self._quorum_refusal(observed)
+            if held is not None:  # stays queued, and takes no budget slot
+                plan = planner.plan(replace(observed, admission=held), self.settings)
+                return await self.apply(raw, observed, plan, record)
             observed = replace(observed, admission=await self.budget.admit(nm))
             if observed.admission is not None and observed.admission.admit:
                 # Admissions are in creation order (the ledger admits the head of
@@ -199,6 +207,13 @@ class Reconciler:
             tick=asyncio.get_running_loop().time(),
             pdbs=self._pdbs(record),
         )
+
+    async def _quorum_refusal(self, obs: Observed) -> Admission | None:
+        """The webhook checked etcd quorum at CREATE; a maintenance that waited
+        in the queue (Pending) is checked again before it starts (issue 20)."""
+        if self.quorum is None or obs.node is None or obs.nm.status.phase is not Phase.PENDING:
+            return None
+        return await self.quorum.refusal(obs.node)
 
     def _wants_admission(self, obs: Observed) -> bool:
         """A CR the budget decides on: not begun (or resuming: its missing node is

@@ -41,11 +41,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
+from nmo.api.constants import Messages
 from nmo.core.access import POD_DELETION_VALUE
 from nmo.core.maintenance.budgets import budgets_for, disruption_warnings
 from nmo.core.maintenance.pods import select_pods
-from nmo.core.selectors import selector_error, selector_matches
+from nmo.core.maintenance.quorum import (
+    disruptions_allowed,
+    etcd_disruption_allowed,
+    is_control_plane,
+)
+from nmo.core.selectors import selector_error
 
 log = logging.getLogger("nmo.webhooks")
 
@@ -175,57 +180,6 @@ def shown_name(name: str) -> str:
     return name if len(name) <= _MAX_NAME else name[:_MAX_NAME] + "..."
 
 
-def is_control_plane(node: Obj) -> bool:
-    """NMO's test: the node carries the master or control-plane role label key."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return MASTER_ROLE_LABEL in labels or CONTROL_PLANE_ROLE_LABEL in labels
-
-
-def _disruptions_allowed(pdb: Obj) -> int:
-    try:
-        return int((pdb.get("status") or {}).get("disruptionsAllowed") or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def guard_ready(pod: Obj) -> bool:
-    """medik8s/common's reading of a guard pod: Ready when any ``Ready``
-    condition is ``True`` or ``Unknown`` (a pod about to become Ready is not
-    disrupted yet); ``False``, or no Ready condition at all, is not Ready."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(
-        isinstance(cond, Mapping)
-        and cond.get("type") == "Ready"
-        and cond.get("status") in ("True", "Unknown")
-        for cond in conditions
-    )
-
-
-def etcd_disruption_allowed(pdbs: Sequence[Obj], pods: Sequence[Obj], node_name: str) -> bool:
-    """medik8s/common's ``IsEtcdDisruptionAllowed`` as a pure function.
-
-    No PDB in ``openshift-etcd``, or more than one: the quorum cannot be
-    assessed, refuse. ``status.disruptionsAllowed >= 1``: allowed. Otherwise
-    the node may only go when it is already disrupted: its guard pod (the
-    first pod on the node matched by the PDB selector) is not Ready
-    (:func:`guard_ready`), or it has no guard pod.
-    """
-    if len(pdbs) != 1:
-        return False
-    pdb = pdbs[0]
-    if _disruptions_allowed(pdb) >= 1:
-        return True
-    selector = (pdb.get("spec") or {}).get("selector")
-    for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if (pod.get("spec") or {}).get("nodeName") != node_name:
-            continue
-        if not selector_matches(selector, labels):
-            continue
-        return not guard_ready(pod)
-    return True
-
-
 async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
     """Rule 3; None when it does not object."""
     try:
@@ -247,7 +201,7 @@ async def _quorum(node_name: str, lookups: Lookups) -> Decision | None:
         pdbs = await lookups.list_etcd_pdbs()
         pods: Sequence[Obj] = ()
         # Guard pods matter only when the single PDB allows no disruption.
-        if len(pdbs) == 1 and _disruptions_allowed(pdbs[0]) < 1:
+        if len(pdbs) == 1 and disruptions_allowed(pdbs[0]) < 1:
             pods = await lookups.list_etcd_pods((pdbs[0].get("spec") or {}).get("selector"))
     except LookupFailed as exc:
         return Decision.failed(QUORUM_GUARD_FAILED, exc)

@@ -1,0 +1,68 @@
+"""Reads what the etcd-quorum rule needs, for a queued maintenance about to start.
+
+The decision is :mod:`nmo.core.maintenance.quorum`'s; this module only asks
+the API: whether the cluster is OpenShift (discovery of
+``config.openshift.io/v1``, cached for :data:`OPENSHIFT_TTL` seconds), the
+PodDisruptionBudgets of ``openshift-etcd`` and, when the single one allows no
+disruption, its guard pods. Everything is read fresh (but discovery): a
+stale answer could break etcd quorum. Only control-plane nodes are looked
+at, so nothing is requested for ordinary workers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nmo.api import constants as c
+from nmo.core.errors import KubeError, NotFound
+from nmo.core.kube import Kube, api_path
+from nmo.core.maintenance import quorum as rules
+from nmo.core.maintenance.budget import Admission
+
+OPENSHIFT_TTL = 60.0
+Obj = dict[str, Any]
+
+
+class QuorumGuard:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._openshift: bool | None = None
+        self._checked = float("-inf")
+
+    async def _is_openshift(self) -> bool:
+        now = time.monotonic()
+        if self._openshift is not None and now - self._checked < OPENSHIFT_TTL:
+            return self._openshift
+        try:
+            await self.kube.get(f"/apis/{c.OPENSHIFT_CONFIG_GROUP_VERSION}")
+            answer = True
+        except NotFound:
+            answer = False
+        self._openshift, self._checked = answer, now
+        return answer
+
+    async def _items(self, path: str) -> list[Obj]:
+        page = await self.kube.get(path)
+        return [o for o in page.get("items") or [] if isinstance(o, dict)]
+
+    async def refusal(self, node: Obj) -> Admission | None:
+        """None when ``node`` may go into maintenance now; else why it waits."""
+        name = str(node["metadata"]["name"])
+        if not rules.is_control_plane(node):
+            return None
+        try:
+            if not await self._is_openshift():
+                return None
+            pdbs = await self._items(
+                api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE)
+            )
+            pods: list[Obj] = []
+            if len(pdbs) == 1 and rules.disruptions_allowed(pdbs[0]) < 1:
+                # A handful of pods; the rule matches the PDB's selector itself.
+                pods = await self._items(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE))
+        except KubeError as exc:
+            return rules.refusal(name, error=str(exc))
+        if rules.etcd_disruption_allowed(pdbs, pods, name):
+            return None
+        return rules.refusal(name)
