@@ -461,6 +461,9 @@ async def test_prior_cordon_and_taints_are_kept(
     assert own_taint in node["spec"]["taints"]
     assert not taint_keys(node) & {"medik8s.io/drain"}
     assert await api.events(target, "UncordonNode") == []
+    (kept,) = await api.wait_events(target, "NodeKeptCordoned")
+    assert kept["involvedObject"]["kind"] == "Node" and kept["type"] == "Normal"
+    assert "stays cordoned" in kept["message"]
     assert PRIOR not in (node["metadata"].get("annotations") or {}), "the record stays behind"
 
 

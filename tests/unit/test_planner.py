@@ -476,6 +476,8 @@ def test_leaving_keeps_a_cordon_that_was_there_before() -> None:
     assert plan.node_patch is not None
     assert not any(op.get("path") == "/spec/unschedulable" for op in plan.node_patch)
     assert "UncordonNode" not in [e.event[0] for e in plan.events]
+    (kept,) = [e for e in plan.events if e.event == c.EVENT_KEPT_CORDONED]
+    assert kept.target == "node" and not kept.warning
     after = apply_ops(node, plan.node_patch)
     assert c.PRIOR_STATE_ANNOTATION not in after["metadata"]["annotations"], "record removed"
 

@@ -50,6 +50,13 @@ EVENT_DRAIN_TIMED_OUT: Final = "DrainTimedOut"
 EVENT_POD_FORCE_DELETED: Final = "PodForceDeleted"
 # Pods' own drain rules ignored: their namespace is not allowed to set them (issue 20).
 EVENT_DRAIN_RULES_IGNORED: Final = "DrainRulesIgnored"
+# B7: the node was cordoned before the maintenance, so it stays cordoned (the Go
+# NMO would uncordon it and could put a broken node back in service).
+EVENT_KEPT_CORDONED: Final = (
+    "NodeKeptCordoned",
+    "The node was cordoned before the maintenance began, so it stays cordoned; "
+    "kubectl uncordon the node to return it to service",
+)
 
 # Webhook.
 WEBHOOK_NAME: Final = "vnodemaintenance.kb.io"

@@ -181,6 +181,7 @@ class Restore:
 
     ops: list[dict[str, Any]] | None  # guarded JSON patch, None: nothing to undo
     uncordon: bool = False
+    kept_cordoned: bool = False  # cordoned before the maintenance: stays so (B7)
     removed: tuple[
         tuple[str, str], ...
     ] = ()  # ("uncordon" | "remove-taint" | "remove-label" | "remove-record", what)
@@ -218,7 +219,8 @@ def restore(
     taints = _taints(node)
     cordoned = is_cordoned(node)
     uncordon = False
-    if cordoned and prior is not None and prior.unschedulable:
+    kept_cordoned = cordoned and prior is not None and prior.unschedulable
+    if kept_cordoned:
         kept.append(f"{target}: stays cordoned, it was cordoned before the maintenance{source}")
     elif cordoned and not cordon_is_ours:
         kept.append(
@@ -262,6 +264,7 @@ def restore(
     return Restore(
         ops=_guarded(node, ops) if ops else None,
         uncordon=uncordon,
+        kept_cordoned=kept_cordoned,
         removed=tuple(removed),
         kept=tuple(kept),
     )

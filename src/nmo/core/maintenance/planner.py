@@ -608,6 +608,8 @@ def plan_leave(obs: Observed) -> Plan:
         restore = undo.ops
         if undo.uncordon:
             events.append(Emit(c.EVENT_UNCORDON, target="node"))
+        if undo.kept_cordoned:
+            events.append(Emit(c.EVENT_KEPT_CORDONED, target="node"))
     return Plan(
         metadata=metadata,
         lease=LeaseStep.RELEASE,
