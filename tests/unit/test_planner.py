@@ -615,7 +615,10 @@ def test_a_failed_cr_left_alone_does_not_read_its_node(
 
 
 def _settled(obs: Observed, *, age: float, written_ago: float | None = None) -> Observed:
-    """``obs`` with the status its own plan writes already persisted ``age`` s ago."""
+    """``obs`` with the status its own plan writes already persisted ``age`` s ago
+    (a drain that started an hour ago: past its first 30 s pass)."""
+    started = obs.nm.status.model_copy(update={"drain_start_time": NOW - timedelta(hours=1)})
+    obs = replace(obs, nm=obs.nm.model_copy(update={"status": started}))
     first = planner.plan(obs)
     assert first.status is not None
     persisted = first.status.model_copy(update={"last_update": NOW - timedelta(seconds=age)})
@@ -849,3 +852,10 @@ def test_a_drain_pass_that_times_out_writes_kubectls_error_and_logs_go_nmos_line
     said = _draining_since(45, late.status.last_error)
     again = planner.plan(observed(said, pods=(pod("a"),), drain=evicted))
     assert not any(c.Messages.FIXED_DURATION_RECONCILE in n for n in again.notes), "once"
+
+
+def test_the_pass_comes_back_when_a_go_drain_pass_would_end() -> None:
+    evicted = {"app/a": PodDrainState(uid="u-a", reason="Terminating", in_flight=False)}
+    plan = planner.plan(observed(_draining_since(10), pods=(pod("a"),), drain=evicted))
+    assert plan.result.requeue_after is not None
+    assert plan.result.requeue_after <= 20.0, "lastError is due 30 s into the drain"

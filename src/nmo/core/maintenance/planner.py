@@ -411,6 +411,9 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         started=deadline.start,
     )
     wait = settings.resync if plan_.next_wake is None else plan_.next_wake
+    pass_ends = c.DRAIN_PASS_SECONDS - (now - deadline.start).total_seconds()
+    if pass_ends > 0:  # lastError (and the Go NMO's log line) when its first pass would end
+        wait = min(wait, pass_ends)
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
     write = _status_write(obs, new, settings)
     ago = obs.recall.status_written_ago
