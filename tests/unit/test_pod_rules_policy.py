@@ -14,7 +14,7 @@ from test_planner import pod as plan_pod
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, OnTimeout
 from nmo.core.maintenance import planner
-from nmo.core.maintenance.drainplan import deadline_of, plan_drain, timed_out_message
+from nmo.core.maintenance.drainplan import Deadline, deadline_of, plan_drain, timed_out_message
 from nmo.core.maintenance.observed import Recall
 from nmo.core.maintenance.pods import (
     order_key,
@@ -148,8 +148,20 @@ def nm_with(timeout: int | None, action: str | None = None) -> NodeMaintenance:
     )
 
 
+def capped(nm: NodeMaintenance, seconds: int) -> Deadline:
+    """The deadline under an operator cap of ``seconds`` with action Delete."""
+    return deadline_of(
+        nm,
+        NOW,
+        default_timeout=0,
+        default_action=OnTimeout.REPORT,
+        cap_seconds=seconds,
+        cap_action=OnTimeout.DELETE,
+    )
+
+
 @pytest.mark.parametrize(
-    ("timeout", "action", "at", "expected_action", "capped"),
+    ("timeout", "action", "at", "expected_action", "is_capped"),
     [
         pytest.param(None, None, 600, OnTimeout.DELETE, True, id="no-cr-deadline"),
         pytest.param(0, "Report", 600, OnTimeout.DELETE, True, id="cr-says-none"),
@@ -158,29 +170,15 @@ def nm_with(timeout: int | None, action: str | None = None) -> NodeMaintenance:
     ],
 )
 def test_no_cr_lifts_the_operators_cap(
-    timeout: int | None, action: str | None, at: int, expected_action: OnTimeout, capped: bool
+    timeout: int | None, action: str | None, at: int, expected_action: OnTimeout, is_capped: bool
 ) -> None:
-    dl = deadline_of(
-        nm_with(timeout, action),
-        NOW,
-        default_timeout=0,
-        default_action=OnTimeout.REPORT,
-        cap_seconds=600,
-        cap_action=OnTimeout.DELETE,
-    )
+    dl = capped(nm_with(timeout, action), 600)
     assert dl.at == START + timedelta(seconds=at)
-    assert dl.action is expected_action and dl.capped is capped
+    assert dl.action is expected_action and dl.capped is is_capped
 
 
 def test_the_cap_is_named_when_it_is_reached() -> None:
-    dl = deadline_of(
-        nm_with(None),
-        NOW,
-        default_timeout=0,
-        default_action=OnTimeout.REPORT,
-        cap_seconds=50,
-        cap_action=OnTimeout.DELETE,
-    )
+    dl = capped(nm_with(None), 50)
     assert "(the operator's cap, --max-drain-seconds)" in timed_out_message(dl, 2)
 
 
@@ -188,14 +186,7 @@ def test_at_a_capped_delete_deadline_pods_held_by_their_own_rule_are_deleted() -
     held = pod("held", labels=WAIT)
     rules = rules_from({"*"})
     sel = select_pods([held, pod("other")], no_ds, rules=rules)
-    dl = deadline_of(
-        nm_with(None),
-        NOW,
-        default_timeout=0,
-        default_action=OnTimeout.REPORT,
-        cap_seconds=50,
-        cap_action=OnTimeout.DELETE,
-    )
+    dl = capped(nm_with(None), 50)
     out = plan_drain(sel, {}, {}, dl, tick=0.0, now=NOW, rules=rules)
     assert out.timed_out
     assert names([p for p, _ in out.force]) == ["held", "other"]
