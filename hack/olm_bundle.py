@@ -30,6 +30,13 @@ rather than vanishing from the bundle. What differs from the chart (a webhook's
 ``matchConditions``, the Roles granted cluster-wide) is listed on stderr and
 in docs/install.md, section 10.
 
+The bundle can replace the Go NMO's in place (a Subscription moved to a
+catalog that serves it): the same package and channel, the Go CSV's
+Deployment selector (OLM updates the Deployment of the same name, and a
+selector is immutable), and an ``olm.skipRange`` that covers the Go releases
+(:data:`GO_NMO_RELEASES`) and every earlier nmo. The pod fixes no UID or
+fsGroup, as the Go CSV does: OpenShift's restricted-v2 SCC chooses them.
+
 This is developer tooling: it needs helm and PyYAML, never the nmo package.
 Output: ``<out>/bundle/{manifests,metadata}`` and ``<out>/bundle.Dockerfile``.
 """
@@ -72,7 +79,21 @@ OLM_VALUES = {
     # shape (CREATE and UPDATE as two webhooks, UPDATE failing open) keeps
     # finalizer removal working while nmo is down.
     "webhook.matchConditions": "false",
+    # The pod fixes no runAsUser, runAsGroup or fsGroup, as the Go CSV: on
+    # OpenShift the SCC chooses them (restricted-v2 refuses 65532), elsewhere
+    # the image's USER 65532 runs it (runAsNonRoot checks it).
+    "openshift.restrictedSCC": "true",
 }
+# The Go NMO's releases on its package's channel: its CSV (medik8s/node-maintenance-operator,
+# bundle/manifests, main after v0.20.0) declares olm.skipRange ">=0.12.0".
+# nmo's bundle skips the 0.x line from there, so OLM moves a Subscription to
+# the package from any of them to nmo (it compares no versions, only ranges).
+GO_NMO_RELEASES = ">=0.12.0 <1.0.0"
+# The Go CSV's Deployment selector. OLM installs a new CSV's Deployment over
+# the old one of the same name with an update, and the API server refuses a
+# changed selector, so the bundle keeps this one (the chart's pods carry both
+# labels; the chart's own selector cannot change either).
+GO_NMO_SELECTOR = {"control-plane": "controller-manager", "node-maintenance-operator": ""}
 # Optional hardening the chart may render that OLM has no place for.
 NOT_IN_REGISTRY_V1 = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 # OpenShift's console filters on these; nmo claims none of the features.
@@ -205,6 +226,10 @@ def _deployment_spec(deployment: Obj, dropped: list[str]) -> tuple[Obj, str | No
     pod = spec["template"]
     for key in HELM_LABELS:
         pod["metadata"].get("labels", {}).pop(key, None)
+    pod_labels = pod["metadata"].get("labels", {})
+    if any(pod_labels.get(k) != v for k, v in GO_NMO_SELECTOR.items()):
+        raise BundleError(f"the chart's pods lack the Go NMO's selector labels {GO_NMO_SELECTOR}")
+    spec["selector"] = {"matchLabels": dict(GO_NMO_SELECTOR)}
     pod_spec = pod["spec"]
     manager = next(c for c in pod_spec["containers"] if c["name"] == "manager")
     args: list[str] = manager.get("args", [])
@@ -392,13 +417,42 @@ def _sample(crd: Obj) -> Obj:
     }
 
 
+def _semver(text: str) -> tuple[int, int, int]:
+    match = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)", text)
+    if not match:
+        raise BundleError(f"version {text!r} is not MAJOR.MINOR.PATCH")
+    major, minor, patch = (int(g) for g in match.groups())
+    return major, minor, patch
+
+
+def skip_range(version: str, go_releases: str = GO_NMO_RELEASES) -> str:
+    """``olm.skipRange``: the Go NMO's releases and every version before nmo's own."""
+    bounds = re.fullmatch(r">=(\S+) <(\S+)", go_releases)
+    if not bounds:
+        raise BundleError(f"the Go NMO's releases {go_releases!r} are not '>=LOW <HIGH'")
+    low, high = (_semver(b) for b in bounds.groups())
+    if low <= _semver(version) < high:
+        raise BundleError(
+            f"version {version} lies among the Go NMO's releases ({go_releases}): "
+            "the bundle would skip itself"
+        )
+    return f"<{version} || {go_releases}"
+
+
 def _assert_no_sentinel(obj: Any, where: str) -> None:
     text = json.dumps(obj)
     if SENTINEL_NS in text:
         raise BundleError(f"{where} still names the release namespace: it cannot be known to OLM")
 
 
-def build_bundle(docs: list[Obj], meta: Obj, *, image: str, channel: str = "stable") -> Bundle:
+def build_bundle(
+    docs: list[Obj],
+    meta: Obj,
+    *,
+    image: str,
+    channel: str = "stable",
+    go_releases: str = GO_NMO_RELEASES,
+) -> Bundle:
     """The bundle for the rendered chart ``docs`` (pure: no I/O)."""
     dropped: list[str] = []
     kinds = _by_kind(docs)
@@ -471,6 +525,7 @@ def build_bundle(docs: list[Obj], meta: Obj, *, image: str, channel: str = "stab
                 "capabilities": "Basic Install",
                 "categories": "OpenShift Optional",
                 "containerImage": image,
+                "olm.skipRange": skip_range(version, go_releases),
                 "description": "Cordons, taints and drains a node while a NodeMaintenance exists.",
                 "operatorframework.io/suggested-namespace": SUGGESTED_NAMESPACE,
                 # An empty node selector: OpenShift's default one would keep the
@@ -558,6 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--helm", help="helm binary (default: the sandbox's, then PATH)")
     parser.add_argument("--channel", default="stable")
+    parser.add_argument(
+        "--go-releases",
+        default=GO_NMO_RELEASES,
+        metavar="'>=LOW <HIGH'",
+        help="the Go NMO versions the bundle replaces in place, besides earlier nmo ones "
+        f"(default {GO_NMO_RELEASES!r}; e.g. a downstream build's)",
+    )
     parser.add_argument("--chart", type=Path, default=CHART)
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value"
@@ -569,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         docs = render_chart(find_helm(opts.helm), chart=opts.chart, extra=extra)
         values = yaml.safe_load((opts.chart / "values.yaml").read_text())
         image = opts.image or f"{values['image']['repository']}:{meta['appVersion']}"
-        bundle = build_bundle(docs, meta, image=image, channel=opts.channel)
+        bundle = build_bundle(
+            docs, meta, image=image, channel=opts.channel, go_releases=opts.go_releases
+        )
     except BundleError as exc:
         print(f"olm_bundle: error: {exc}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@ module nmo.local/bundle-validate
 go 1.26.3
 
 require (
+	github.com/blang/semver/v4 v4.0.0
 	github.com/operator-framework/api v0.45.0
 	github.com/operator-framework/operator-registry v1.60.0
 	github.com/sirupsen/logrus v1.9.4
@@ -16,7 +17,6 @@ require (
 	github.com/Microsoft/hcsshim v0.13.0 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/containerd/cgroups/v3 v3.0.5 // indirect

@@ -15,6 +15,9 @@
 //	         it), a port of that deployment, a known type, a unique name, and
 //	         rules that leave OLM's own API group alone; every deployment runs
 //	         under an account the permissions create.
+//	upgrade  what OLM's resolver reads to replace an installed CSV: the
+//	         olm.skipRange annotation parses as OLM parses it (blang/semver)
+//	         and does not include the CSV's own version.
 //
 // Usage: bundle-validate DIR
 package main
@@ -24,6 +27,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/blang/semver/v4"
 	apimanifests "github.com/operator-framework/api/pkg/manifests"
 	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"github.com/operator-framework/api/pkg/validation"
@@ -75,6 +79,7 @@ func main() {
 			}
 		}
 		checkInstall(r, bundle.CSV)
+		checkUpgrade(r, bundle.CSV)
 	}
 
 	fmt.Printf("bundle-validate: %s: %d errors, %d warnings\n", dir, r.errors, r.warnings)
@@ -137,5 +142,20 @@ func checkInstall(r *report, csv *v1alpha1.ClusterServiceVersion) {
 				}
 			}
 		}
+	}
+}
+
+func checkUpgrade(r *report, csv *v1alpha1.ClusterServiceVersion) {
+	skip, ok := csv.GetAnnotations()["olm.skipRange"]
+	if !ok {
+		return
+	}
+	inRange, err := semver.ParseRange(skip)
+	if err != nil {
+		r.errorf("upgrade", "olm.skipRange %q: %v; OLM ignores the range", skip, err)
+		return
+	}
+	if inRange(csv.Spec.Version.Version) {
+		r.errorf("upgrade", "olm.skipRange %q includes the CSV's own version %s", skip, csv.Spec.Version.String())
 	}
 }

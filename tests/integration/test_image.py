@@ -2,7 +2,9 @@
 
 The Containerfile's promises checked on the image itself, not on its text
 (tests/unit/test_containerfile.py reads the text): the entry points work,
-the operator runs as UID 65532 with a read-only root filesystem, nothing in
+the operator runs as UID 65532 with a read-only root filesystem, and as
+any UID in group 0 (OpenShift's restricted-v2 SCC) with a read-only root and
+no /tmp (the Go CSV), nothing in
 it can install packages (no pip, setuptools, wheel or ensurepip, for the
 venv's interpreter nor the base's), the virtualenv holds exactly the image
 lock plus nmo, and none of the development tooling (``nmo_sandbox``, the
@@ -56,12 +58,14 @@ def image() -> str:
     return ref
 
 
-def podman_run(image: str, *args: str, entrypoint: str | None = None) -> str:
+def podman_run(
+    image: str, *args: str, entrypoint: str | None = None, options: tuple[str, ...] = ()
+) -> str:
     """Run the image as the chart does (read-only root), return stdout; fail on exit != 0."""
     cmd = [
         "podman", "run", "--rm", "--runtime", "runc", "--network", "none",
         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-        "--read-only",
+        "--read-only", *options,
     ]  # fmt: skip
     if entrypoint is not None:
         cmd += ["--entrypoint", entrypoint]
@@ -97,6 +101,36 @@ print(json.dumps({
     "dists": sorted(d.metadata["Name"] for d in md.distributions()),
     "nmo_top": sorted({f.parts[0] for f in nmo.files or [] if f.parts[0] != ".."}),
     "write_root": write("/opt/nmo/probe"), "write_etc": write("/etc/probe"),
+}))
+"""
+
+
+# Run as restricted-v2 runs a pod: a UID from the namespace's range, group 0;
+# with the Go CSV's read-only root and no volume at /tmp.
+ARBITRARY_USER = ("--user", "1000650000:0", "--read-only-tmpfs=false")
+ARBITRARY_PROBE = r"""
+import json, os, pkgutil, importlib
+from pathlib import Path
+import nmo
+from nmo.cli.defaults import temporary_directory
+
+files = [Path("/manager"), *(p for p in Path("/opt/nmo").rglob("*") if p.is_file())]
+modules = [m.name for m in pkgutil.walk_packages(nmo.__path__, "nmo.")
+           if not m.name.endswith(".__main__")]  # it runs nmo
+for name in modules:
+    importlib.import_module(name)
+tmp = temporary_directory()
+from nmo.webhooks.servers import private_dir
+from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+cert_dir = private_dir("nmo-metrics-cert-")
+write_self_signed(cert_dir, ["localhost"])
+ReloadingCertificate(cert_dir).load()  # the metrics server's start
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(),
+    "files": len(files), "unreadable": [str(p) for p in files if not os.access(p, os.R_OK)],
+    "not_executable": [str(p) for p in files  # executable by its owner, not by us
+                       if p.stat().st_mode & 0o100 and not os.access(p, os.X_OK)],
+    "modules": len(modules), "tmp": tmp, "cert_dir": str(cert_dir.parent),
 }))
 """
 
@@ -191,3 +225,23 @@ def test_the_venv_holds_the_image_lock_and_nmo_only(facts: dict[str, Any]) -> No
     assert not facts["venv"]["nmo_sandbox"], "nmo_sandbox is importable in the image"
     assert facts["venv"]["nmo"]
     assert facts["nmo_top"] == ["nmo", f"nmo-{nmo.__version__}.dist-info"]
+
+
+def test_an_arbitrary_user_in_group_0_runs_it_without_tmp(image: str) -> None:
+    """OpenShift's restricted-v2 runs the pod as a UID of the namespace's range
+    in group 0: every file is readable (and the entry points executable) by
+    it, every module imports, and with the Go CSV's read-only root and no /tmp
+    the certificates load from /dev/shm."""
+    facts = json.loads(
+        podman_run(image, "-c", ARBITRARY_PROBE, entrypoint="/opt/nmo/bin/python",
+                   options=ARBITRARY_USER)
+    )  # fmt: skip
+    assert (facts["uid"], facts["gid"]) == (1000650000, 0)
+    assert facts["files"] > 1000 and facts["unreadable"] == [], facts["unreadable"][:10]
+    assert facts["not_executable"] == []  # /manager, nmo, python and the rest
+    assert facts["modules"] > 50
+    assert facts["tmp"][0] == "/dev/shm" and "No usable temporary directory" in facts["tmp"][1]
+    assert facts["cert_dir"] == "/dev/shm"
+    assert "--leader-elect" in podman_run(
+        image, "--help", entrypoint="/manager", options=ARBITRARY_USER
+    )

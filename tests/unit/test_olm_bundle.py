@@ -11,7 +11,12 @@ operator-registry Go modules. Here:
 * the CSV says what the chart says: the webhook's rules, path, failure
   policy and ports, the container's arguments, environment, probes and
   security, the RBAC rules (the same set, none added);
-* the generator refuses what it cannot carry rather than drop it.
+* the generator refuses what it cannot carry rather than drop it;
+* it replaces the Go NMO's bundle in place (the Go bundle read from
+  ../shared/third_party): the same package and channels, the Deployment
+  OLM updates over the Go one (its name and immutable selector), an
+  ``olm.skipRange`` that covers the Go releases, and a pod that fixes no UID
+  or fsGroup, so OpenShift's restricted-v2 SCC admits it.
 
 No cluster: helm and the validator are cached binaries; both missing is a
 failure that names the make target that builds them.
@@ -35,6 +40,8 @@ import yaml
 
 from nmo.api import constants as c
 from nmo_sandbox.binaries import find_binaries
+from nmo_sandbox.gonmo import GoBundle, go_nmo_bundle
+from nmo_sandbox.olm import SCCError, restricted_v2
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "node-maintenance-operator"
@@ -222,6 +229,13 @@ def _no_install_modes(root: Path) -> None:
     _edit_csv(root, lambda d: d["spec"].update(installModes=[]))
 
 
+def _skip_range(value: str) -> Any:
+    def edit(root: Path) -> None:
+        _edit_csv(root, lambda d: d["metadata"]["annotations"].update({"olm.skipRange": value}))
+
+    return edit
+
+
 BROKEN = {
     # nmo's install checks: what OLM needs to create the webhook
     "webhook without deploymentName": (
@@ -233,6 +247,12 @@ BROKEN = {
     "owned CRD missing": (_drop_crd, 'owned CRD "nodemaintenance.medik8s.io/v1beta1'),
     "example of an API not owned": (_foreign_example, "example must have a provided API"),
     "no install modes": (_no_install_modes, "install modes not found"),
+    # nmo's upgrade checks: what OLM's resolver reads to replace a CSV
+    "skipRange over its own version": (
+        _skip_range(">=0.0.1 <1.0.0"),
+        'ERROR upgrade: olm.skipRange ">=0.0.1 <1.0.0" includes the CSV\'s own version',
+    ),
+    "skipRange OLM cannot parse": (_skip_range("0.12 to 0.20"), "ERROR upgrade: olm.skipRange"),
     # operator-registry format and content checks
     "annotations without package": (
         _drop_package,
@@ -298,9 +318,13 @@ def test_deployment_matches_the_chart(
     [installed] = csv["spec"]["install"]["spec"]["deployments"]
     assert installed["name"] == deployment["metadata"]["name"]
     assert installed["spec"]["replicas"] == deployment["spec"]["replicas"]
-    assert installed["spec"]["selector"] == deployment["spec"]["selector"]
+    # The Go CSV's selector (see test_the_deployment_replaces_the_go_nmos_in_place),
+    # which the chart's pods carry too.
+    selector = installed["spec"]["selector"]["matchLabels"]
+    assert selector == gen.GO_NMO_SELECTOR
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     want_pod = copy.deepcopy(deployment["spec"]["template"]["spec"])
-    got_pod = installed["spec"]["template"]["spec"]
+    got_pod = copy.deepcopy(installed["spec"]["template"]["spec"])  # the fixture is shared
     [want] = want_pod.pop("containers")
     [got] = got_pod.pop("containers")
 
@@ -501,3 +525,124 @@ def test_cli_passes_chart_values(tmp_path: Path) -> None:
     [deployment] = doc["spec"]["install"]["spec"]["deployments"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--drain-timeout=3600" in args and "--drain-on-timeout=Abort" in args
+
+
+# ------------------------------------------------------- in place of the Go NMO's bundle
+
+
+@pytest.fixture(scope="module")
+def go() -> GoBundle:
+    return go_nmo_bundle()
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+# Longest first: ">=" before ">".
+COMPARISONS: dict[str, Any] = {
+    ">=": lambda a, b: a >= b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    "<": lambda a, b: a < b,
+}
+
+
+def _holds(term: str, version: tuple[int, ...]) -> bool:
+    for op, compare in COMPARISONS.items():
+        if term.startswith(op):
+            return bool(compare(version, _version(term.removeprefix(op))))
+    raise AssertionError(f"no comparison in {term!r}")
+
+
+def in_range(version: str, semver_range: str) -> bool:
+    """blang/semver's ranges (what OLM parses olm.skipRange with), for the
+    forms the bundle writes: ``A || B``, each a space-separated AND of
+    comparisons."""
+    v = _version(version)
+    return any(
+        all(_holds(term, v) for term in alternative.split())
+        for alternative in semver_range.split("||")
+    )
+
+
+def test_same_package_and_channels_as_the_go_nmo(bundle_out: Path, go: GoBundle) -> None:
+    path = bundle_out / "bundle" / "metadata" / "annotations.yaml"
+    ours = yaml.safe_load(path.read_text())["annotations"]
+    prefix = "operators.operatorframework.io.bundle."
+    for key in ("mediatype.v1", "package.v1", "channels.v1", "channel.default.v1"):
+        assert ours[prefix + key] == go.annotations[prefix + key], key
+    assert ours[prefix + "package.v1"] == "node-maintenance-operator"
+
+
+def test_the_deployment_replaces_the_go_nmos_in_place(csv: dict[str, Any], go: GoBundle) -> None:
+    """OLM installs the new CSV's Deployment over the old one of the same name
+    with an update: the API server refuses a changed selector."""
+    [ours] = csv["spec"]["install"]["spec"]["deployments"]
+    theirs = go.deployment
+    assert ours["name"] == theirs["name"] == "node-maintenance-operator-controller-manager"
+    assert ours["spec"]["selector"] == theirs["spec"]["selector"]
+    their_pod_labels = theirs["spec"]["template"]["metadata"]["labels"]
+    assert their_pod_labels.items() <= ours["spec"]["template"]["metadata"]["labels"].items()
+    for spec in (ours["spec"], theirs["spec"]):
+        assert spec["template"]["spec"]["serviceAccountName"] == c.OPERATOR_SERVICE_ACCOUNT
+    assert csv["spec"]["installModes"] == go.csv["spec"]["installModes"]
+    # OLM's webhook Service is <deployment>-service: the same, on the same ports.
+    [their_hook] = go.csv["spec"]["webhookdefinitions"]
+    ours_by_name = {d["generateName"]: d for d in csv["spec"]["webhookdefinitions"]}
+    our_hook = ours_by_name[their_hook["generateName"]]
+    for key in ("deploymentName", "containerPort", "targetPort", "webhookPath", "type"):
+        assert our_hook[key] == their_hook[key], key
+    # The CRD OLM applies over the Go one: the same name and stored version.
+    [owned] = csv["spec"]["customresourcedefinitions"]["owned"]
+    [their_owned] = go.csv["spec"]["customresourcedefinitions"]["owned"]
+    assert (owned["name"], owned["version"]) == (their_owned["name"], their_owned["version"])
+
+
+GO_RELEASES = ["0.12.0", "0.13.0", "0.15.1", "0.17.0", "0.19.0", "0.20.0", "0.20.3"]
+
+
+def test_skip_range_covers_the_go_releases(csv: dict[str, Any], go: GoBundle) -> None:
+    skip = csv["metadata"]["annotations"]["olm.skipRange"]
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert skip == f"<{meta['appVersion']} || >=0.12.0 <1.0.0"
+    # The Go CSV's own range starts there: its releases reach each other by it.
+    assert go.csv["metadata"]["annotations"]["olm.skipRange"] == ">=0.12.0"
+    for version in [*GO_RELEASES, go.csv["spec"]["version"]]:  # 0.0.1: an untagged Go build
+        assert in_range(version, skip), version
+    assert not in_range(csv["spec"]["version"], skip)  # never itself
+    assert not in_range("1.0.0", skip)
+    assert "replaces" not in csv["spec"]  # OLM sets it to whatever it replaces
+
+
+def test_skip_range_refuses_a_version_among_the_go_releases() -> None:
+    assert gen.skip_range("0.1.0") == "<0.1.0 || >=0.12.0 <1.0.0"
+    assert gen.skip_range("1.2.0", ">=5.0.0 <5.4.0") == "<1.2.0 || >=5.0.0 <5.4.0"
+    with pytest.raises(gen.BundleError, match="lies among the Go NMO's releases"):
+        gen.skip_range("0.15.0")
+    with pytest.raises(gen.BundleError, match="not '>=LOW <HIGH'"):
+        gen.skip_range("0.1.0", ">=0.12.0")
+
+
+def test_the_pod_fixes_no_user_as_the_go_csv(
+    csv: dict[str, Any], go: GoBundle, rendered: list[dict[str, Any]]
+) -> None:
+    """The Go CSV sets only runAsNonRoot; OpenShift's restricted-v2 SCC then
+    picks the UID and fsGroup, and refuses a pod that fixes others (the
+    chart's 65532, which only the chart's non-OpenShift render keeps)."""
+    [ours] = csv["spec"]["install"]["spec"]["deployments"]
+    template = ours["spec"]["template"]
+    fixed = {"runAsUser", "runAsGroup", "fsGroup"}
+    assert not fixed & set(template["spec"]["securityContext"])
+    for container in template["spec"]["containers"]:
+        assert not fixed & set(container.get("securityContext") or {})
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert go.deployment["spec"]["template"]["spec"]["securityContext"] == {"runAsNonRoot": True}
+    admitted = restricted_v2(template, (1000650000, 10000))
+    assert admitted["spec"]["securityContext"]["fsGroup"] == 1000650000
+    assert admitted["spec"]["containers"][0]["securityContext"]["runAsUser"] == 1000650000
+    # The chart as it renders elsewhere would be refused.
+    docs = gen.render_chart(_helm(), extra=["--set", "openshift.restrictedSCC=false"])
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    with pytest.raises(SCCError, match="65532 is not an allowed group"):
+        restricted_v2(deployment["spec"]["template"], (1000650000, 10000))

@@ -364,7 +364,8 @@ class Sandbox:
                 )
 
     def container_memory(self, container_id: str) -> dict[str, int]:
-        """A real-node container's memory cgroup figures in bytes: rss, usage, limit.
+        """A real-node container's memory cgroup figures in bytes: rss, usage,
+        peak (the highest usage since the container started), limit.
 
         ``container_id`` as in a pod's ``status.containerStatuses[].containerID``
         (``containerd://<id>``) or bare. cgroup v1: ``/sys/fs/cgroup/memory/k8s.io/<id>``.
@@ -374,12 +375,14 @@ class Sandbox:
         try:
             stat = dict(line.split() for line in (cgroup / "memory.stat").read_text().splitlines())
             usage = int((cgroup / "memory.usage_in_bytes").read_text())
+            peak = int((cgroup / "memory.max_usage_in_bytes").read_text())
             limit = int((cgroup / "memory.limit_in_bytes").read_text())
         except OSError as exc:
             raise SandboxError(f"no memory cgroup for container {cid}: {exc}") from exc
         return {
             "rss": int(stat.get("total_rss", stat.get("rss", 0))),
             "usage": usage,
+            "peak": peak,
             "limit": limit,
         }
 

@@ -301,7 +301,9 @@ def _new_key() -> rsa.RSAPrivateKey:
 
 
 def _name(common_name: str, organization: str | None = None) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    # X.509 caps a CN at 64 characters; a longer DNS name (a Service in a
+    # long namespace) stays whole in the SANs, which is what TLS clients check.
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64])]
     if organization is not None:
         attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
     return x509.Name(attrs)
