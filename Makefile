@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
 CERT_MANAGER_BIN := hack/cert-manager-bin.sh
 BUNDLE_VALIDATE := hack/bundle-validate.sh
+GO_E2E_BIN := hack/go-e2e-bin.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
 OLM_OUT ?= build/olm
 IMAGE ?=
@@ -15,7 +16,7 @@ IMAGE ?=
 # python:3.11-slim, or a Debian-built one where that cannot be pulled).
 BASE_IMAGE ?=
 
-.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle
+.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle go-e2e-bin
 
 all: test
 
@@ -51,6 +52,12 @@ cert-manager-bin:
 bundle-validator:
 	$(BUNDLE_VALIDATE)
 
+# The Go NMO's own e2e suite (its test/e2e, unchanged) as a test binary, built
+# from ../shared/third_party's snapshot into ~/.cache/nmo/build (README), for
+# tests/e2e/test_go_e2e.py.
+go-e2e-bin:
+	$(GO_E2E_BIN)
+
 # The OLM bundle, generated from the chart (hack/olm_bundle.py) and validated.
 bundle: $(STAMP) sandbox-bin bundle-validator
 	$(BIN)/python hack/olm_bundle.py --out $(OLM_OUT) $(if $(IMAGE),--image $(IMAGE))
@@ -81,14 +88,14 @@ layers: $(STAMP)
 unit: $(STAMP) bundle-validator
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) sandbox-bin cert-manager-bin image
+integration: $(STAMP) sandbox-bin cert-manager-bin go-e2e-bin image
 	$(BIN)/pytest tests/integration tests/e2e -q
 
 # Two phases: every test not marked `solo` on TEST_WORKERS (3) pytest-xdist
 # workers (one sandbox each, whole files per worker), then the `solo` tests
 # (they bound wall-clock time or load) alone. Together they run every test.
 TEST_WORKERS ?= 3
-test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator image lint typecheck layers
+test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator go-e2e-bin image lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not solo"
 	$(BIN)/pytest -q -p no:cacheprovider -m solo tests/integration tests/e2e
 
