@@ -2,9 +2,10 @@
 
 Not a benchmark itself. ``drain_bench.py`` and ``scale_bench.py`` import it:
 
-* :class:`Nmo` starts ``.venv/bin/nmo run`` against a sandbox (no leader
-  election, no webhook, plain metrics), waits for ``/readyz`` (caches
-  synced) and samples its RSS (:class:`RssSampler`);
+* :class:`Nmo` starts ``.venv/bin/nmo run`` against a sandbox as the chart's
+  ServiceAccount (nmo_sandbox.identity: the chart's RBAC and namespace flags,
+  never the admin's), without leader election, webhook or TLS metrics, waits
+  for ``/readyz`` (caches synced) and samples its RSS (:class:`RssSampler`);
 * :class:`Mirror` is a list+watch of one resource kept in memory; any change
   wakes :meth:`Hub.wait`, which returns the moment a predicate over one or
   more mirrors first holds (no polling);
@@ -49,6 +50,7 @@ import nmo
 from nmo.api import constants as c
 from nmo.api.crd import crd
 from nmo_sandbox import Sandbox
+from nmo_sandbox.identity import Identity, apply_chart_identity
 from nmo_sandbox.manifests import deployment, pod_spec
 from nmo_sandbox.nodes import node_is_ready, node_manifest
 
@@ -388,6 +390,23 @@ def nmo_commit() -> str:
     return f"{result.stdout.strip()}{' (src modified)' if dirty else ''} [nmo from {where}]"
 
 
+_IDENTITIES: dict[str, Identity] = {}
+
+
+async def bench_identity(sb: Sandbox) -> Identity:
+    """The chart's identity for the benchmarks' nmo (release nmo-bench), once per sandbox."""
+    key = str(sb.dir)
+    if key not in _IDENTITIES:
+        _IDENTITIES[key] = await apply_chart_identity(
+            sb,
+            release="nmo-bench",
+            namespace="nmo-bench-system",
+            fullname="nmo-bench",
+            kubeconfig=sb.dir / "identities" / "nmo-bench.kubeconfig",
+        )
+    return _IDENTITIES[key]
+
+
 class Nmo:
     """``nmo run`` against the sandbox: start, wait for caches, sample RSS, stop."""
 
@@ -401,6 +420,7 @@ class Nmo:
         self.ready_after = 0.0
         self.startup_peak_rss = 0.0
         self.startup_cpu = 0.0
+        self.identity: Identity | None = None  # the chart's, found at start
 
     @property
     def pid(self) -> int:
@@ -411,10 +431,11 @@ class Nmo:
         return rss_mib(self.pid)
 
     def argv(self) -> list[str]:
+        assert self.identity is not None, "start() finds the identity"
         script = Path(sys.executable).with_name("nmo")
         head = [str(script)] if script.exists() else [sys.executable, "-m", "nmo"]
         return [
-            *head, "run", "--kubeconfig", str(self.sb.kubeconfig),
+            *head, "run", "--kubeconfig", str(self.identity.kubeconfig), *self.identity.flags,
             "--no-leader-elect", "--no-enable-webhook", "--bind-address", "127.0.0.1",
             "--health-probe-port", str(self.probe_port), "--metrics-port", str(self.metrics_port),
             "--no-metrics-secure", "--log-level", self.log_level,
@@ -422,6 +443,7 @@ class Nmo:
 
     async def start(self, timeout: float = 600.0) -> float:
         """Start nmo and wait until ``/readyz`` says its caches are synced; returns seconds."""
+        self.identity = self.identity or await bench_identity(self.sb)
         started = time.monotonic()
         with self.log_file.open("ab") as out:
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220

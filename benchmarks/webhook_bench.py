@@ -54,6 +54,7 @@ from procstats import free_port, rss_mib
 from nmo.api import constants as c
 from nmo.api.crd import crd
 from nmo_sandbox import Sandbox
+from nmo_sandbox.identity import apply_chart_identity
 
 NM = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 NODE = "bench-webhook-node"
@@ -370,9 +371,16 @@ async def main(
             sb.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
             probe_port, webhook_port = free_port(), free_port()
             log = Path(tmp) / "nmo.log"
+            identity = await apply_chart_identity(  # the chart's ServiceAccount, not the admin
+                sb,
+                release="nmo-bench",
+                namespace="nmo-bench-system",
+                fullname="nmo-bench",
+                kubeconfig=Path(tmp) / "nmo.kubeconfig",
+            )
             args = [
-                sys.executable, "-m", "nmo", "run", "--kubeconfig", str(sb.kubeconfig),
-                "--no-leader-elect", "--bind-address", "127.0.0.1",
+                sys.executable, "-m", "nmo", "run", "--kubeconfig", str(identity.kubeconfig),
+                *identity.flags, "--no-leader-elect", "--bind-address", "127.0.0.1",
                 "--health-probe-port", str(probe_port), "--metrics-port", str(free_port()),
                 "--no-metrics-secure", "--webhook-port", str(webhook_port),
                 "--cert-dir", str(certs),

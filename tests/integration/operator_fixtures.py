@@ -5,6 +5,10 @@ file that is printed when a test fails. ``Operator.restart`` and ``kill``
 let tests interrupt it mid-drain. Its state is read from its endpoints, never
 from its log: ``/leaderz`` (it runs the maintenance workers),
 ``/readyz/informers`` (its caches synced) and ``/metrics`` (counters).
+
+It runs as the chart's ServiceAccount with the chart's RBAC and namespace
+flags (chart_identity.py), never as the sandbox admin, unless its test
+passes ``identity=Identity.admin(sandbox, why=...)``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
+from chart_identity import Identity, chart_identity
 from prometheus_client.parser import text_string_to_metric_families
 
 from nmo_sandbox import Sandbox
@@ -99,10 +104,18 @@ def metric(
 
 
 class Operator:
-    def __init__(self, sandbox: Sandbox, log_dir: Path, extra: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        log_dir: Path,
+        extra: list[str] | None = None,
+        *,
+        identity: Identity | None = None,
+    ) -> None:
         self.sandbox = sandbox
         self.log_dir = log_dir
         self.extra = extra or []
+        self.identity = identity  # None: the chart's (chart_identity), found at start
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.probe_port = free_port()
@@ -113,13 +126,15 @@ class Operator:
         return self.log_dir / f"nmo-{self.starts}.log"
 
     def args(self) -> list[str]:
+        assert self.identity is not None, "start() finds the identity"
         return [
             sys.executable,
             "-m",
             "nmo",
             "run",
             "--kubeconfig",
-            str(self.sandbox.kubeconfig),
+            str(self.identity.kubeconfig),
+            *self.identity.flags,
             "--no-leader-elect",
             "--lease-renew-interval",
             "2",
@@ -138,7 +153,14 @@ class Operator:
             *self.extra,
         ]
 
+    async def ensure_identity(self) -> Identity:
+        """The identity to run as: the chart's unless the test gave another."""
+        if self.identity is None:
+            self.identity = await chart_identity(self.sandbox)
+        return self.identity
+
     async def start(self) -> None:
+        await self.ensure_identity()
         self.starts += 1
         with self.log_file.open("wb") as out:
             self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220

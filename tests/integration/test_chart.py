@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import yaml
+from chart_identity import Identity
 from cryptography import x509
 from objects import NM, Api, pod_spec, usable_namespace
 from operator_fixtures import CURRENT, Operator, free_port, wait_for
@@ -191,7 +192,10 @@ class ChartOperator(Operator):
     def __init__(
         self, sandbox: Sandbox, log_dir: Path, *, kubeconfig: Path, cert_dir: Path, port: int
     ) -> None:
-        super().__init__(sandbox, log_dir)
+        flags = ("--leader-election-namespace", NS, "--lease-namespace", LEASE_NS)
+        super().__init__(
+            sandbox, log_dir, identity=Identity(kubeconfig, AS_NMO["Impersonate-User"], flags)
+        )
         self.kubeconfig = kubeconfig
         self.cert_dir = cert_dir
         self.webhook_port = port

@@ -317,9 +317,12 @@ async def test_timeout_delete_without_the_permission_is_reported_once_and_not_re
     name = await create_nm(api, node, {"timeoutSeconds": 3, "onTimeout": "Delete"})
 
     async def reported() -> dict[str, Any] | None:
+        # Deletions start at the deadline minus the pods' grace period (1 s): the
+        # refusal is said before the deadline, the deadline in the pass after it.
         obj = await api.nm(name)
         error = ((obj or {}).get("status") or {}).get("lastError") or ""
-        return obj if "drain.allowPodDeletion=true" in error else None
+        timed_out = drained(obj).get("reason") == "TimedOut"
+        return obj if timed_out and "drain.allowPodDeletion=true" in error else None
 
     obj = await wait_for(reported, timeout=60, what=f"{name}: the refused deletion in lastError")
     error = obj["status"]["lastError"]

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from audit import AuditWindow, nmo_events, show
+from chart_identity import chart_identity
 from objects import NM, Api, uid
 from operator_fixtures import Operator, wait_for
 
@@ -33,8 +34,9 @@ async def api(kube: httpx.AsyncClient) -> Api:
 
 @pytest.fixture
 async def nmo_kube(sandbox: Sandbox) -> AsyncIterator[Kube]:
-    """nmo's own API client (its User-Agent, so the audit log tells its requests)."""
-    client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
+    """nmo's own API client (its User-Agent, so the audit log tells its requests),
+    as the chart's ServiceAccount."""
+    client = await Kube.connect(kubeconfig=str((await chart_identity(sandbox)).kubeconfig))
     yield client
     await client.close()
 

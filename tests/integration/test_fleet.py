@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from chart_identity import RELEASE_NAMESPACE, Identity, reset_leader_leases
 from objects import NM, Api
 from operator_fixtures import CURRENT, Operator, probe_synced, wait_for, wait_until_up
 
@@ -31,7 +32,9 @@ from nmo_sandbox import Sandbox
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]
 
 TAINT = "medik8s.io/drain"
-LEADER_NS = "nmo-fleet-test"  # leader election and the budget ledger (not the chart's)
+# Leader election and the budget ledger: the chart's release namespace, as a
+# chart install passes it (the chart's leader-election Role allows no other).
+LEADER_NS = RELEASE_NAMESPACE
 LEADER_FLAGS = [
     "--leader-elect",
     "--leader-lease-duration",
@@ -47,6 +50,7 @@ class Replica(Operator):
     """An nmo that may be a standby: up once its caches synced, leading or not."""
 
     async def start(self) -> None:
+        await self.ensure_identity()
         self.starts += 1
         with self.log_file.open("wb") as out:
             self.proc = subprocess.Popen(self.args(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
@@ -64,25 +68,18 @@ async def api(kube: httpx.AsyncClient) -> Api:
 
 
 @pytest.fixture
-async def leader_namespace(api: Api) -> AsyncIterator[str]:
-    """The namespace of the replicas' leader election and budget ledger, removed after."""
-
-    async def created() -> bool:
-        resp = await api.c.post(
-            "/api/v1/namespaces",
-            json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEADER_NS}},
-        )
-        return resp.status_code == 201  # 409 while an earlier test's copy is terminating
-
-    await wait_for(created, timeout=60, what=f"namespace {LEADER_NS} created")
+async def leader_namespace(sandbox: Sandbox) -> AsyncIterator[str]:
+    """The namespace of the replicas' leader election and budget ledger, with
+    neither Lease in it before the test or after it."""
+    await reset_leader_leases(sandbox)
     yield LEADER_NS
-    await api.delete(f"/api/v1/namespaces/{LEADER_NS}")
+    await reset_leader_leases(sandbox)
 
 
 async def replicas(
     sandbox: Sandbox, tmp_path: Path, count: int, extra: list[str]
 ) -> AsyncIterator[list[Replica]]:
-    extra = [*extra, "--leader-election-namespace", LEADER_NS, "--budget-namespace", LEADER_NS]
+    """``count`` replicas as the chart's ServiceAccount (leader Lease and ledger in LEADER_NS)."""
     ops = [Replica(sandbox, tmp_path / f"r{i}", extra=extra) for i in range(count)]
     try:
         for op in ops:
@@ -486,7 +483,12 @@ async def test_a_missing_ledger_namespace_is_named_with_what_to_do(
     (node,) = await node_factory(1)
     missing = f"nmo-ledger-{node_factory.prefix}"
     flags = ["--max-parallel-maintenances", "1", "--budget-namespace", missing]
-    op = Replica(sandbox, tmp_path / "r", extra=flags)
+    admin = Identity.admin(
+        sandbox,
+        why="only an identity that may create Leases in any namespace hears that one does "
+        "not exist; the chart's is refused there (403) before the API server looks",
+    )
+    op = Replica(sandbox, tmp_path / "r", extra=flags, identity=admin)
     op.log_dir.mkdir(parents=True)
     CURRENT.append(op)
     name = f"ledger-{node_factory.prefix}"

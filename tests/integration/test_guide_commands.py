@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from chart_identity import Identity
 from objects import NM, Api, pdb, pod_spec
 from operator_fixtures import (
     CURRENT,
@@ -172,7 +173,8 @@ class PodOperator(Operator):
         cert_dir: Path | None,
         webhook_port: int | None,
     ) -> None:
-        super().__init__(sandbox, log_dir)
+        user = f"system:serviceaccount:{NS}:{c.OPERATOR_SERVICE_ACCOUNT}"
+        super().__init__(sandbox, log_dir, identity=Identity(kubeconfig, user, ()))
         self.pod = pod
         self.container_args = container_args
         self.kubeconfig = kubeconfig

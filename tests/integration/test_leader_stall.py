@@ -32,9 +32,8 @@ RENEW_DEADLINE = 3.0
 async def test_a_stalled_apiserver_stops_the_leader_before_its_lease_expires(
     procs: Any,  # noqa: F811
     sandbox: Sandbox,
-    namespace: str,
 ) -> None:
-    leader = procs("nmo-stall", *leader_args(namespace))
+    leader = procs("nmo-stall", *leader_args())
     await wait_for(leader.started, timeout=30, what="the replica to lead")
     await asyncio.sleep(1.0)  # a renewal or two (retry period 0.5 s)
     apiserver = sandbox.pids["kube-apiserver"]

@@ -195,13 +195,12 @@ async def test_a_blocked_then_finished_maintenance_by_the_numbers(
 async def test_leader_and_standby_report_their_roles(
     procs: Any,  # noqa: F811
     sandbox: Sandbox,
-    namespace: str,
 ) -> None:
     started = time.time()
     lease = {"name": c.LEADER_ELECTION_ID}
-    a = procs("nmo-metrics-a", *leader_args(namespace))
+    a = procs("nmo-metrics-a", *leader_args())
     await wait_for(a.started, timeout=30, what="a to lead")
-    b = procs("nmo-metrics-b", *leader_args(namespace))
+    b = procs("nmo-metrics-b", *leader_args())
     await wait_for(b.synced, timeout=30, what="b's caches")
     leader, standby = await scrape(a.metrics_port), await scrape(b.metrics_port)
     assert metric(leader, "leader_election_master_status", **lease) == 1

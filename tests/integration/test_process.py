@@ -6,7 +6,9 @@ the same process, and a process without certificates that keeps reconciling
 while ``/readyz`` says why the webhook is off.
 
 The session's nmo (``operator``) is paused for these tests so that only the
-processes started here reconcile.
+processes started here reconcile. Each process runs as the chart's
+ServiceAccount (chart_identity.py), its leader Lease in the chart's release
+namespace.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 from audit import AuditEvent, AuditWindow, nmo_events, show
+from chart_identity import RELEASE_NAMESPACE, Identity, chart_identity, reset_leader_leases
 from objects import NM, Api, uid
 from operator_fixtures import Operator, free_port, probe_leading, probe_synced, wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,16 +46,16 @@ class Proc:
         log_dir: Path,
         name: str,
         *extra: str,
-        kubeconfig: Path | None = None,
+        identity: Identity,
     ) -> None:
         self.name = name
         self.probe_port = free_port()
         self.metrics_port = free_port()
         self.webhook_port = free_port()
         self.log = log_dir / f"{name}.log"
-        kubeconfig = kubeconfig or sandbox.kubeconfig
         args = [
-            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(kubeconfig),
+            sys.executable, "-m", "nmo", "run", "--kubeconfig", str(identity.kubeconfig),
+            *identity.flags,
             "--bind-address", "127.0.0.1", "--identity", name,
             "--health-probe-port", str(self.probe_port),
             "--metrics-port", str(self.metrics_port),
@@ -90,14 +93,18 @@ class Proc:
 
 @pytest.fixture
 async def procs(sandbox: Sandbox, tmp_path: Path, operator: Operator) -> AsyncIterator[Any]:
-    """Factory of nmo processes; pauses the session operator (which installed the CRD)."""
+    """Factory of nmo processes (the chart's identity unless given another); pauses
+    the session operator (which installed the CRD). No leader Lease is left over
+    from an earlier test, nor from this one."""
     session = operator if operator.proc is not None else None
     if session is not None:
         session.kill(signal.SIGTERM)
+    chart = await chart_identity(sandbox)
+    await reset_leader_leases(sandbox)
     started: list[Proc] = []
 
-    def start(name: str, *extra: str, kubeconfig: Path | None = None) -> Proc:
-        p = Proc(sandbox, tmp_path, name, *extra, kubeconfig=kubeconfig)
+    def start(name: str, *extra: str, identity: Identity | None = None) -> Proc:
+        p = Proc(sandbox, tmp_path, name, *extra, identity=identity or chart)
         started.append(p)
         return p
 
@@ -106,6 +113,7 @@ async def procs(sandbox: Sandbox, tmp_path: Path, operator: Operator) -> AsyncIt
     finally:
         for p in started:
             p.stop(signal.SIGKILL)
+        await reset_leader_leases(sandbox)
         if session is not None:
             await session.start()
 
@@ -121,65 +129,30 @@ async def curl(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def leader_args(namespace: str) -> list[str]:
+def leader_args() -> list[str]:
+    """Leader election (in the chart's release namespace, the identity's flag), fast."""
     return [
-        "--leader-elect", "--leader-election-namespace", namespace,
+        "--leader-elect",
         "--leader-lease-duration", "4", "--leader-renew-deadline", "3",
         "--leader-retry-period", "0.5", "--no-enable-webhook", "--no-metrics-secure",
     ]  # fmt: skip
 
 
-@pytest.fixture
-async def own_user(
-    sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str, tmp_path: Path
-) -> AsyncIterator[Any]:
-    """``await own_user(name)`` -> (kubeconfig, username) of a new cluster-admin
-    ServiceAccount, so the audit log tells that process's requests from the others'."""
-    api = Api(kube)
-    bindings: list[str] = []
-
-    async def make(name: str) -> tuple[Path, str]:
-        await api.create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}}
-        )
-        binding = f"{namespace}-{name}"
-        await api.create(
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            {
-                "metadata": {"name": binding},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "cluster-admin",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
-            },
-        )
-        bindings.append(binding)
-        path = await sandbox.service_account_kubeconfig(
-            namespace, name, tmp_path / f"{name}.kubeconfig"
-        )
-        return path, f"system:serviceaccount:{namespace}:{name}"
-
-    yield make
-    for binding in bindings:
-        await api.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}")
-
-
 @pytest.mark.solo
 async def test_leader_election_failover(
     procs: Any,
-    own_user: Any,
     sandbox: Sandbox,
     kube: httpx.AsyncClient,
-    namespace: str,
     node_factory: Any,
 ) -> None:
     api = Api(kube)
-    a = procs("nmo-a", *leader_args(namespace))
+    a = procs("nmo-a", *leader_args())
     await wait_for(a.started, timeout=30, what="the first replica to lead")
-    b_kubeconfig, b_user = await own_user("nmo-b")
-    b = procs("nmo-b", *leader_args(namespace), kubeconfig=b_kubeconfig)
+    # b holds a ServiceAccount of its own (the chart's RBAC, rendered for a second
+    # release), so the audit log tells its requests from a's.
+    b_identity = await chart_identity(sandbox, variant="b")
+    b_user = b_identity.username
+    b = procs("nmo-b", *leader_args(), identity=b_identity)
     await wait_for(b.synced, timeout=30, what="b's caches")
     # The standby keeps asking for the leader lease and keeps being refused:
     # several of its attempts (retry period 0.5 s) are in the audit log, none
@@ -207,7 +180,7 @@ async def test_leader_election_failover(
     assert not [e for e in b_leases if e.is_write], show(b_leases)
     assert b.proc.poll() is None
     lease_path = (
-        f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{c.LEADER_ELECTION_ID}"
+        f"/apis/coordination.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/leases/{c.LEADER_ELECTION_ID}"
     )
     lease = await api.get(lease_path)
     assert lease is not None
@@ -228,7 +201,7 @@ async def test_leader_election_failover(
     await wait_for(lambda: _phase(api, second, "Succeeded"), what="the new leader's maintenance")
 
     # Clean shutdown: the leader releases the lease, the standby takes over at once.
-    c3 = procs("nmo-c", *leader_args(namespace))
+    c3 = procs("nmo-c", *leader_args())
     await wait_for(c3.synced, timeout=30, what="c's caches")
     assert not await c3.leading()
     stopped = time.monotonic()

@@ -25,7 +25,9 @@
   signal ends the delay.
 
 The session's nmo is paused (``procs`` of test_process.py's kind) so that
-only the processes started here reconcile.
+only the processes started here reconcile. They run as the chart's
+ServiceAccount (chart_identity.py), their leader Lease in the chart's
+release namespace, unless a test says why not.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 
 import httpx
 import pytest
+from chart_identity import RELEASE_NAMESPACE, Identity, chart_identity, reset_leader_leases
 from objects import NM, Api, create_review, uid
 from operator_fixtures import Operator, free_port, get_local, wait_for
 
@@ -102,16 +105,20 @@ class Started:
 async def launch(
     sandbox: Sandbox, tmp_path: Path, operator: Operator
 ) -> AsyncIterator[Callable[..., Started]]:
-    """``launch(argv, **env)``: a process with the sandbox's KUBECONFIG and
-    nothing of the chart's environment (no POD_NAMESPACE, no POD_NAME)."""
+    """``launch(argv, identity=None, **env)``: a process whose KUBECONFIG holds the
+    chart's ServiceAccount (or ``identity``) and nothing of the chart's
+    environment (no POD_NAMESPACE, no POD_NAME). No leader Lease is left over
+    in the chart's release namespace from an earlier test, nor from this one."""
     session = operator if operator.proc is not None else None
     if session is not None:
         session.kill(signal.SIGTERM)
+    chart = await chart_identity(sandbox)
+    await reset_leader_leases(sandbox)
     started: list[Started] = []
 
-    def start(argv: list[str], **extra_env: str) -> Started:
+    def start(argv: list[str], identity: Identity | None = None, **extra_env: str) -> Started:
         env = {k: v for k, v in os.environ.items() if k not in ("POD_NAMESPACE", "POD_NAME")}
-        env.update(KUBECONFIG=str(sandbox.kubeconfig), **extra_env)
+        env.update(KUBECONFIG=str((identity or chart).kubeconfig), **extra_env)
         p = Started(argv, env, tmp_path / f"nmo-{len(started)}.log")
         started.append(p)
         return p
@@ -121,6 +128,7 @@ async def launch(
     finally:
         for p in started:
             p.stop()
+        await reset_leader_leases(sandbox)
         if session is not None:
             await session.start()
 
@@ -154,10 +162,10 @@ async def _leader_leases(api: Api, identity: str) -> list[str]:
 
 
 async def test_the_go_csv_args_through_manager_lead_reconcile_and_answer_on_their_addresses(
-    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str,
-    node_factory: Any, tmp_path: Path,
-) -> None:  # fmt: skip
+    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient, node_factory: Any, tmp_path: Path
+) -> None:
     api = Api(kube)
+    namespace = RELEASE_NAMESPACE  # the pod's: where the chart's RBAC lets it lead
     tmpdir = tmp_path / "tmp"
     certs = tmpdir / "k8s-webhook-server" / "serving-certs"  # the kustomize Secret's mount
     sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
@@ -252,9 +260,14 @@ async def test_default_flags_out_of_cluster_reconcile_without_a_leader_lease(
 
 
 async def test_leader_elect_with_a_missing_namespace_says_why_fails_readiness_and_recovers(
-    launch: Any, kube: httpx.AsyncClient
+    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient
 ) -> None:
     api = Api(kube)
+    admin = Identity.admin(
+        sandbox,
+        why="only an identity that may create Leases in any namespace hears that one does "
+        "not exist; the chart's is refused there (403) before the API server looks",
+    )
     missing = f"t-{uuid.uuid4().hex[:8]}-le"
     probes = free_port()
     identity = f"le-{uid()}"
@@ -264,7 +277,8 @@ async def test_leader_elect_with_a_missing_namespace_says_why_fails_readiness_an
             f"--leader-election-namespace={missing}", "--identity", identity,
             f"--health-probe-port={probes}", f"--metrics-port={free_port()}",
             "--no-enable-webhook",
-        ]
+        ],
+        identity=admin,
     )  # fmt: skip
     expected = f'leader election cannot work: namespace "{missing}" does not exist'
 
@@ -314,9 +328,10 @@ async def test_leader_elect_with_a_missing_namespace_says_why_fails_readiness_an
 
 
 async def test_sigterm_releases_the_lease_and_keeps_answering_for_the_shutdown_delay(
-    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient, namespace: str, tmp_path: Path
+    launch: Any, sandbox: Sandbox, kube: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     api = Api(kube)
+    namespace = RELEASE_NAMESPACE  # as the chart passes it
     certs = tmp_path / "certs"
     sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
     probes, webhook, delay = free_port(), free_port(), 4.0

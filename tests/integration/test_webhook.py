@@ -32,7 +32,7 @@ from nmo.api.crd import crd
 from nmo.core.kube import Kube
 from nmo.core.watch import Informer
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
-from nmo.webhooks.validators import validate_create
+from nmo.webhooks.validators import POD_DELETION_WARNING, validate_create
 from nmo_sandbox import Sandbox
 
 if TYPE_CHECKING:
@@ -246,6 +246,39 @@ async def test_server_dry_run_does_not_hold_the_node(
     code, stderr = await kubectl_create(sandbox, nm(name, node))
     assert code == 0, stderr
     await kube.delete(f"{NM}/{name}")
+
+
+async def test_delete_at_the_deadline_warns_that_nmo_may_not_delete_pods(
+    sandbox: Sandbox, kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    """The webhook runs as the chart's ServiceAccount (default values: no delete on
+    pods): a CR asking for onTimeout Delete is admitted, with a warning naming the
+    chart value, on CREATE and on an UPDATE that turns to Delete; Abort is not."""
+    (node,) = await node_factory(1)
+    warning = f"Warning: {POD_DELETION_WARNING}"
+    delete = {"timeoutSeconds": 600, "onTimeout": "Delete"}
+    asks = nm(unique("deleting"), node) | {"spec": {"nodeName": node, "drain": delete}}
+    dry = await sandbox.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(asks))
+    assert dry.returncode == 0, dry.stderr
+    assert warning in dry.stderr, dry.stderr
+    assert "drain.allowPodDeletion=true" in dry.stderr
+    aborts = nm(unique("aborting"), node) | {
+        "spec": {"nodeName": node, "drain": {"timeoutSeconds": 600, "onTimeout": "Abort"}}
+    }
+    quiet = await sandbox.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(aborts))
+    assert quiet.returncode == 0 and "allowPodDeletion" not in quiet.stderr, quiet.stderr
+    name = unique("turning")
+    code, stderr = await kubectl_create(sandbox, nm(name, node))
+    assert code == 0 and "allowPodDeletion" not in stderr, stderr
+    try:
+        patch = json.dumps({"spec": {"drain": delete}})
+        turned = await sandbox.kubectl(
+            "patch", "nm", name, "--type=merge", "-p", patch, "--dry-run=server"
+        )
+        assert turned.returncode == 0, turned.stderr
+        assert warning in turned.stderr, turned.stderr
+    finally:
+        await kube.delete(f"{NM}/{name}")
 
 
 async def test_fifty_concurrent_creates_admit_exactly_one(

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 import pytest
 from audit import AuditWindow, nmo_events
+from chart_identity import chart_identity
 from cryptography import x509
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -186,7 +187,7 @@ async def threaded_webhook(
     async with sandbox.client() as kube:
         await install_crd(kube)
     await sandbox.create_node(node)
-    hook = ThreadedWebhook(sandbox.kubeconfig, cert_dir)
+    hook = ThreadedWebhook((await chart_identity(sandbox)).kubeconfig, cert_dir)
     try:
         await asyncio.to_thread(hook.start)
         yield hook, node

@@ -1,6 +1,7 @@
 """One nmo webhook replica in the test process: its own API client, node and
 NodeMaintenance caches, claims and TLS server on a free 127.0.0.1 port
 (shared by the webhook tests; the certificate comes from the sandbox CA).
+Its client is the chart's ServiceAccount (chart_identity.py), as a replica's.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+
+from chart_identity import chart_identity
 
 from nmo.api.constants import WEBHOOK_PATH
 from nmo.core.kube import Kube
@@ -30,7 +33,8 @@ class WebhookReplica:
         cls, sandbox: Sandbox, cert_dir: Path, *, settings: LookupSettings | None = None
     ) -> WebhookReplica:
         """Serve with the certificate ``apiserver.crt``/``apiserver.key`` in ``cert_dir``."""
-        client = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
+        identity = await chart_identity(sandbox)
+        client = await Kube.connect(kubeconfig=str(identity.kubeconfig))
         nodes = Informer(client, NODES_PATH, name="nodes")
         maintenances = Informer(client, MAINTENANCES_PATH, name="nodemaintenances")
         lookups = build_lookups(client, nodes=nodes, maintenances=maintenances, settings=settings)

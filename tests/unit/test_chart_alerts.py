@@ -148,7 +148,9 @@ def test_drain_values_render_into_the_manager_args(
     assert "--drain-on-timeout=Abort" in args
     # A values file makes the number a float64, which Go prints as 1e+07.
     values = tmp_path / "values.yaml"
-    values.write_text("drain:\n  timeoutSeconds: 10000000\n  onTimeout: Delete\n")
+    values.write_text(
+        "drain:\n  timeoutSeconds: 10000000\n  onTimeout: Delete\n  allowPodDeletion: true\n"
+    )
     args = manager_args(render(helm_env, "-f", str(values)))
     assert "--drain-timeout=10000000" in args
     assert "--drain-on-timeout=Delete" in args

@@ -376,6 +376,44 @@ def test_namespace_create_only_when_the_chart_does_not(
     assert (c.LEASE_NAMESPACE_DEFAULT in chart_namespaces) == (values == [])
 
 
+@pytest.mark.parametrize(
+    ("values", "verbs"),
+    [
+        ([], ["list", "watch"]),
+        (["--set", "drain.allowPodDeletion=false"], ["list", "watch"]),
+        (["--set", "drain.allowPodDeletion=true"], ["list", "watch", "delete"]),
+        (
+            ["--set", "drain.allowPodDeletion=true", "--set", "drain.onTimeout=Delete"],
+            ["list", "watch", "delete"],
+        ),
+    ],
+    ids=["default", "off", "on", "on-with-operator-wide-delete"],
+)
+def test_pod_deletion_only_with_allow_pod_deletion(
+    helm_env: dict[str, str], values: list[str], verbs: list[str]
+) -> None:
+    """onTimeout Delete's permission: delete on pods, and nothing else, with the value."""
+    manager = one(render(helm_env, *values), "ClusterRole", "-manager-role")
+    pods = [r for r in manager["rules"] if r.get("resources") == ["pods"]]
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": verbs}]
+    default = one(render(helm_env), "ClusterRole", "-manager-role")
+    others = [r for r in manager["rules"] if r.get("resources") != ["pods"]]
+    assert others == [r for r in default["rules"] if r.get("resources") != ["pods"]]
+
+
+@pytest.mark.parametrize("value", ["onTimeout", "maxAction"])
+def test_operator_wide_delete_needs_allow_pod_deletion(
+    helm_env: dict[str, str], value: str
+) -> None:
+    result = template(helm_env, "--set", f"drain.{value}=Delete")
+    assert result.returncode != 0
+    assert f"drain.{value}=Delete deletes the pods left" in result.stderr, result.stderr
+    assert "set drain.allowPodDeletion=true" in result.stderr, result.stderr
+    allowed = ("--set", "drain.allowPodDeletion=true")
+    assert template(helm_env, "--set", f"drain.{value}=Delete", *allowed).returncode == 0
+    assert template(helm_env, "--set", "drain.allowPodDeletion=yes").returncode != 0  # schema
+
+
 # -- schema ----------------------------------------------------------------------
 
 
