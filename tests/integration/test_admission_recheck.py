@@ -135,10 +135,16 @@ async def test_a_queued_control_plane_maintenance_rechecks_quorum_before_it_star
             # Its guard goes NotReady (the node is disrupted already): it starts.
             await set_guard_conditions(kube, a, [{"type": "Ready", "status": "False"}])
 
-            async def succeeded() -> bool:
-                return (await api.phase(name)) == "Succeeded"
+            async def started() -> dict[str, Any] | None:
+                obj = await api.nm(name) or {}
+                begun = (obj.get("status") or {}).get("phase") == "Running"
+                return (
+                    obj if begun and condition(obj, "Queued").get("reason") == "Admitted" else None
+                )
 
-            await wait_for(succeeded, timeout=60, what="started once the quorum allows it")
+            # (Its drain then waits for the guard pod's own PDB, as the Go NMO's.)
+            await wait_for(started, timeout=60, what="started once the quorum allows it")
+            assert (await api.node(a))["spec"].get("unschedulable") is True
             await api.delete_nm_and_wait_gone(name)
         finally:
             await opened.aclose()
