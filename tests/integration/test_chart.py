@@ -6,9 +6,11 @@
   ``deployment.enabled=false``), then ``nmo run`` as a subprocess holding a
   token of the chart's ServiceAccount performs a whole maintenance, admitted
   through the chart's webhook configuration, with no 403 in its log; the same
-  account is refused what nmo never does, by RBAC and, on Nodes, by the
-  chart's ValidatingAdmissionPolicy (``nodePolicy``); ``helm upgrade`` and
-  ``helm uninstall`` (which keeps only the CRD).
+  account is refused what nmo never does, by RBAC and by the chart's
+  ValidatingAdmissionPolicies, on by default where the API server serves
+  them: on Nodes (``nodePolicy``) and on the node leases shared with NHC and
+  SNR (``leasePolicy``); ``helm upgrade`` and ``helm uninstall`` (which
+  keeps only the CRD).
 * The webhook shape for Kubernetes before 1.28 (no matchConditions, UPDATE a
   webhook of its own) on the real apiserver: finalizers come off while nmo
   is down, and nmo still refuses a changed nodeName while it is up.
@@ -27,8 +29,10 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +47,9 @@ from operator_fixtures import CURRENT, Operator, free_port, wait_for
 from nmo.api import constants as c
 from nmo.api.constants import Messages
 from nmo.core.budget import LEDGER_NAME
+from nmo.core.lease import FIELD_MANAGER
 from nmo.core.maintenance import node as nodeplan
+from nmo.core.maintenance.lease import format_micro
 from nmo_sandbox import Sandbox
 from nmo_sandbox.process import run_command
 
@@ -65,6 +71,9 @@ VWC_PATH = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfiguratio
 SCRAPER = "metrics-scraper"
 UPDATE_WEBHOOK = "vnodemaintenance-update.kb.io"
 NODE_POLICY = "node-maintenance-operator-node-changes"
+LEASE_POLICY = "node-maintenance-operator-lease-changes"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases"
+SNR = "self-node-remediation"  # another holder of the shared leases
 # The admin client acting as nmo's ServiceAccount (RBAC and admission see that user).
 AS_NMO = {"Impersonate-User": f"system:serviceaccount:{NS}:{SA}"}
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
@@ -186,6 +195,68 @@ async def node_policy_in_force(kube: httpx.AsyncClient, expected: bool) -> None:
     await wait_for(settled, timeout=30, what=f"the node policy in force: {expected}")
 
 
+def not_refused(
+    answers: dict[str, httpx.Response], refused: Callable[[httpx.Response], bool]
+) -> dict[str, tuple[int, str]]:
+    """The answers that are not the expected refusal: their status and the start of their text."""
+    return {w: (r.status_code, r.text[:300]) for w, r in answers.items() if not refused(r)}
+
+
+def refused_by_lease_policy(resp: httpx.Response) -> bool:
+    return resp.status_code == 403 and f"ValidatingAdmissionPolicy '{LEASE_POLICY}'" in resp.text
+
+
+def lease(name: str, holder: str | None, renewed: datetime | None, seconds: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"leaseDurationSeconds": seconds}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    if renewed is not None:
+        spec["renewTime"] = format_micro(renewed)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": LEASE_NS},
+        "spec": spec,
+    }
+
+
+async def lease_policy_in_force(kube: httpx.AsyncClient, expected: bool) -> None:
+    """Wait until the apiserver applies (or no longer applies) the chart's lease policy."""
+    foreign = lease(f"probe-{uuid.uuid4().hex[:6]}", SNR, datetime.now(UTC), 3600)
+
+    async def settled() -> bool:
+        resp = await kube.post(LEASES, json=foreign, headers=AS_NMO, params={"dryRun": "All"})
+        assert resp.status_code in (201, 403), resp.text
+        return refused_by_lease_policy(resp) is expected
+
+    await wait_for(settled, timeout=30, what=f"the lease policy in force: {expected}")
+
+
+@asynccontextmanager
+async def policy_off(
+    helm: Helm,
+    kube: httpx.AsyncClient,
+    value: str,
+    in_force: Callable[[httpx.AsyncClient, bool], Awaitable[None]],
+) -> AsyncIterator[None]:
+    """The release upgraded with ``<value>.enabled=false``, then back to its default (auto)."""
+    off = await helm(
+        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+        "--set", f"{value}.enabled=false", "--wait",
+    )  # fmt: skip
+    assert off.returncode == 0, describe(off)
+    try:
+        await in_force(kube, False)
+        yield
+    finally:
+        on = await helm(
+            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
+            "--set", f"{value}.enabled=auto", "--wait",
+        )  # fmt: skip
+        assert on.returncode == 0, describe(on)
+        await in_force(kube, True)
+
+
 class ChartOperator(Operator):
     """``nmo run`` as the chart's ServiceAccount, serving the webhook like a replica would."""
 
@@ -259,7 +330,7 @@ async def release(
         "--set", "webhook.caBundle=" + base64.b64encode(serving.ca_bundle).decode(),
         "--set", f"metrics.readers[0].name={SCRAPER}",
         "--set", f"metrics.readers[0].namespace={NS}",
-        "--set", "nodePolicy.enabled=true",
+        # nodePolicy and leasePolicy left at auto: on, since this apiserver serves them
     ]  # fmt: skip
     lease_ns = await sandbox.kubectl("get", "namespace", LEASE_NS, "--ignore-not-found", "-o=name")
     await ensure_namespace(sandbox, NS)  # an earlier module's may still be going
@@ -270,6 +341,7 @@ async def release(
     try:
         async with sandbox.client() as kube:
             await node_policy_in_force(kube, True)
+            await lease_policy_in_force(kube, True)
         yield Release(port, cert_dir, not lease_ns.stdout.strip())
     finally:
         if (await helm("status", RELEASE, "-n", NS)).returncode == 0:
@@ -380,6 +452,10 @@ async def _maintain_and_release(
 ) -> None:
     pool = f"chart-{uuid.uuid4().hex[:6]}"
     (node,) = await node_factory(1, labels={"pool": pool})
+    # Self Node Remediation held the node's lease once; it has expired. nmo
+    # takes it over, under the chart's lease policy (fieldManager: its time).
+    stale = lease(f"node-{node}", SNR, datetime.now(UTC) - timedelta(hours=2), 60)
+    await api.create(LEASES, stale)
     bare = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}}
     await api.create(f"/api/v1/namespaces/{ns}/pods", {**bare, "spec": pod_spec(node_name=node)})
     await api.create(
@@ -426,10 +502,11 @@ async def _maintain_and_release(
     remaining = [p["metadata"]["name"] for p in await api.pods(ns, node=node)]
     assert len(remaining) == 1
     assert remaining[0].startswith("agent-")
-    lease = await api.lease(node)
-    assert lease is not None
-    assert lease["spec"]["holderIdentity"] == c.LEASE_HOLDER
-    first_renew = lease["spec"]["renewTime"]
+    held = await api.lease(node)
+    assert held is not None
+    assert held["spec"]["holderIdentity"] == c.LEASE_HOLDER
+    assert held["spec"]["leaseTransitions"] == 1  # taken over from SNR, not created anew
+    first_renew = held["spec"]["renewTime"]
 
     async def renewed() -> bool:
         again = await api.lease(node)
@@ -571,11 +648,7 @@ async def test_node_policy_lets_nmo_change_only_its_marks(
         "a finalizer": [{"op": "add", "path": "/metadata/finalizers", "value": ["x.io/hold"]}],
     }
     answers = {what: await patch_node_as_nmo(kube, node, ops) for what, ops in forbidden.items()}
-    wrong = {
-        what: (resp.status_code, resp.text[:300])
-        for what, resp in answers.items()
-        if not refused_by_node_policy(resp)
-    }
+    wrong = not_refused(answers, refused_by_node_policy)
     assert not wrong, f"nmo's ServiceAccount may change Nodes beyond its marks: {wrong}"
     assert "may change only the label" in answers["another label"].text
     assert "only the taints" in answers["another taint"].text
@@ -610,22 +683,103 @@ async def test_node_policy_lets_nmo_change_only_its_marks(
     assert admin.status_code == 200, admin.text
 
     # Without the policy, RBAC alone lets nmo's account do it: what the policy adds.
-    off = await helm(
-        "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
-        "--set", "nodePolicy.enabled=false", "--wait",
-    )  # fmt: skip
-    assert off.returncode == 0, describe(off)
-    try:
-        await node_policy_in_force(kube, False)
+    async with policy_off(helm, kube, "nodePolicy", node_policy_in_force):
         unguarded = await patch_node_as_nmo(kube, node, forbidden["an annotation"])
         assert unguarded.status_code == 200, unguarded.text
+
+
+async def test_lease_policy_holds_nmo_to_its_own_and_expired_leases(
+    kube: httpx.AsyncClient, helm: Helm, release: Release
+) -> None:
+    """The lease policy (leasePolicy) on the real apiserver, as nmo's account.
+
+    medik8s-leases is shared with NHC and SNR, and RBAC lets nmo's account
+    update and delete every Lease there (shown with the policy off). Under the
+    policy: refused on a valid lease another holder has, whatever the request
+    says (takeover, renewal, deletion, a forged managedFields time); allowed
+    on its own, on nobody's, and on an expired one, taken over with a
+    fieldManager (the API server's time); never an expired one without it.
+    """
+    tag = uuid.uuid4().hex[:6]
+    now = datetime.now(UTC)
+    fm = {"fieldManager": FIELD_MANAGER}
+    valid, expired, free, mine = (f"{what}-{tag}" for what in ("valid", "expired", "free", "mine"))
+    for body in (
+        lease(valid, SNR, now, 3600),
+        lease(expired, SNR, now - timedelta(hours=2), 60),
+        lease(free, None, None, 60),
+    ):
+        created = await kube.post(LEASES, json=body)
+        assert created.status_code == 201, created.text
+
+    async def current(name: str) -> dict[str, Any]:
+        resp = await kube.get(f"{LEASES}/{name}")
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+    def held_by_nmo(obj: dict[str, Any], **meta: Any) -> dict[str, Any]:
+        spec = {**obj["spec"], "holderIdentity": c.LEASE_HOLDER, "renewTime": format_micro(now)}
+        return {**obj, "metadata": {**obj["metadata"], **meta}, "spec": spec}
+
+    theirs = await current(valid)
+    forged_time = {
+        "manager": FIELD_MANAGER,
+        "operation": "Update",
+        "apiVersion": "coordination.k8s.io/v1",
+        "time": "2999-01-01T00:00:00Z",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:holderIdentity": {}}},
+    }
+    forged = held_by_nmo(
+        theirs, managedFields=[*theirs["metadata"].get("managedFields", []), forged_time]
+    )
+    renewal = {**theirs, "spec": {**theirs["spec"], "renewTime": format_micro(now)}}
+    path = f"{LEASES}/{valid}"
+    refused = {
+        "a takeover": await kube.put(path, json=held_by_nmo(theirs), headers=AS_NMO, params=fm),
+        "a renewal of another's": await kube.put(path, json=renewal, headers=AS_NMO, params=fm),
+        "a forged managedFields time": await kube.put(path, json=forged, headers=AS_NMO, params=fm),
+        "a deletion": await kube.delete(path, headers=AS_NMO),
+        "a create for another holder": await kube.post(
+            LEASES, json=lease(f"snr-{tag}", SNR, now, 3600), headers=AS_NMO, params=fm
+        ),
+    }
+    wrong = not_refused(refused, refused_by_lease_policy)
+    assert not wrong, f"nmo's ServiceAccount may take another holder's lease: {wrong}"
+    assert "may update only a Lease node-maintenance holds" in refused["a takeover"].text
+    assert (await current(valid))["spec"]["holderIdentity"] == SNR
+
+    # An expired lease: taken over with a fieldManager (the server's time), not without.
+    stale = held_by_nmo(await current(expired))
+    blind = await kube.put(f"{LEASES}/{expired}", json=stale, headers=AS_NMO)
+    assert refused_by_lease_policy(blind), blind.text
+    taken = await kube.put(f"{LEASES}/{expired}", json=stale, headers=AS_NMO, params=fm)
+    assert taken.status_code == 200, taken.text
+    assert taken.json()["spec"]["holderIdentity"] == c.LEASE_HOLDER
+
+    # Its own: created, renewed, deleted; nobody's: deleted.
+    made = await kube.post(
+        LEASES, json=lease(mine, c.LEASE_HOLDER, now, 3600), headers=AS_NMO, params=fm
+    )
+    assert made.status_code == 201, made.text
+    later = made.json()
+    later["spec"]["renewTime"] = format_micro(now + timedelta(seconds=5))
+    again = await kube.put(f"{LEASES}/{mine}", json=later, headers=AS_NMO, params=fm)
+    assert again.status_code == 200, again.text
+    for name in (mine, expired, free):
+        gone = await kube.delete(f"{LEASES}/{name}", headers=AS_NMO)
+        assert gone.status_code == 200, (name, gone.text)
+
+    # Without the policy, RBAC alone lets nmo's account take it: what the policy adds.
+    try:
+        async with policy_off(helm, kube, "leasePolicy", lease_policy_in_force):
+            theirs = await current(valid)
+            unguarded = await kube.put(
+                path, json=held_by_nmo(theirs), headers=AS_NMO, params={**fm, "dryRun": "All"}
+            )
+            assert unguarded.status_code == 200, unguarded.text
     finally:
-        on = await helm(
-            "upgrade", RELEASE, str(CHART), "-n", NS, "--reuse-values",
-            "--set", "nodePolicy.enabled=true", "--wait",
-        )  # fmt: skip
-        assert on.returncode == 0, describe(on)
-        await node_policy_in_force(kube, True)
+        await kube.delete(path)  # the admin is not limited
 
 
 async def test_before_1_28_finalizers_come_off_while_nmo_is_down(

@@ -8,11 +8,13 @@
 * The NetworkPolicy, off by default (the Go NMO ships none): which port
   admits whom, which egress.
   No CNI here enforces it; tests/integration/test_chart.py installs it.
-* The optional ValidatingAdmissionPolicy and least-privilege RBAC.
+* The ValidatingAdmissionPolicies (Nodes, the shared node leases), on where
+  the cluster serves them, and least-privilege RBAC.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -248,7 +250,21 @@ def test_network_policy_lets_the_notify_port_out(
 ) -> None:
     np = policy(render(helm_env, *NP_ON, "--set-string", f"notify.url={url}"))
     notify = np["spec"]["egress"][-1]
-    assert notify == {"ports": [{"port": port, "protocol": "TCP"}]}
+    assert notify["ports"] == [{"port": port, "protocol": "TCP"}]
+    # Any address (the receiver is a name), but no cloud metadata endpoint and no loopback.
+    assert notify["to"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "127.0.0.0/8"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128", "fe80::/10", "::1/128"]}},
+    ]
+    for block in notify["to"]:
+        network = ipaddress.ip_network(block["ipBlock"]["cidr"])
+        for excluded in block["ipBlock"]["except"]:  # the API server refuses others
+            assert ipaddress.ip_network(excluded).subnet_of(network)  # type: ignore[arg-type]
+    metadata = ["169.254.169.254", "fd00:ec2::254", "127.0.0.1", "::1", "fe80::1"]
+    for address in map(ipaddress.ip_address, metadata):
+        (block,) = [b["ipBlock"] for b in notify["to"]
+                    if address in ipaddress.ip_network(b["ipBlock"]["cidr"])]  # fmt: skip
+        assert any(address in ipaddress.ip_network(e) for e in block["except"]), address
 
 
 def test_network_policy_extra_egress_and_its_absence(helm_env: dict[str, str]) -> None:
@@ -288,10 +304,46 @@ def test_an_outside_webhook_opens_no_webhook_port(helm_env: dict[str, str]) -> N
 # -- the ValidatingAdmissionPolicy --------------------------------------------------
 
 
-def test_node_policy_off_by_default(helm_env: dict[str, str]) -> None:
-    docs = render(helm_env)
-    assert of_kind(docs, "ValidatingAdmissionPolicy") == []
-    assert of_kind(docs, "ValidatingAdmissionPolicyBinding") == []
+VAP_SERVED = ["--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"]
+NODE_POLICY = "node-maintenance-operator-node-changes"
+LEASE_POLICY = "node-maintenance-operator-lease-changes"
+
+
+def policies(docs: list[Doc]) -> list[str]:
+    """The names of the rendered policies, each checked to have its binding."""
+    names = sorted(d["metadata"]["name"] for d in of_kind(docs, "ValidatingAdmissionPolicy"))
+    bound = sorted(
+        d["spec"]["policyName"] for d in of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    )
+    assert bound == names
+    return names
+
+
+@pytest.mark.parametrize(
+    ("values", "rendered"),
+    [
+        # helm install and upgrade ask the server: on where it serves the API
+        (VAP_SERVED, [LEASE_POLICY, NODE_POLICY]),
+        # offline rendering knows only --api-versions: nothing to go on
+        ([], []),
+        (["--kube-version", "1.35.0"], []),
+        # the values force them off, or on
+        ([*VAP_SERVED, "--set", "nodePolicy.enabled=false"], [LEASE_POLICY]),
+        ([*VAP_SERVED, "--set", "leasePolicy.enabled=false"], [NODE_POLICY]),
+        ([*VAP_SERVED, "--set-string", "nodePolicy.enabled=false"], [LEASE_POLICY]),
+        (["--set", "nodePolicy.enabled=true", "--set", "leasePolicy.enabled=true"],
+         [LEASE_POLICY, NODE_POLICY]),
+        (["--set", "leasePolicy.enabled=true"], [LEASE_POLICY]),
+    ],
+    ids=["served", "offline", "offline-1.35", "node-off", "lease-off", "node-off-string",
+         "both-forced", "lease-forced"],
+)  # fmt: skip
+def test_policies_are_on_where_the_cluster_serves_them(
+    helm_env: dict[str, str], values: list[str], rendered: list[str]
+) -> None:
+    """A stolen token of nmo's account is held to what nmo does wherever the API
+    server can enforce it (issue 20): on by default, the values can force it off."""
+    assert policies(render(helm_env, *values)) == rendered
 
 
 def test_node_policy_binds_nmos_service_account_only(helm_env: dict[str, str]) -> None:
@@ -322,10 +374,43 @@ def test_node_policy_binds_nmos_service_account_only(helm_env: dict[str, str]) -
     ]
 
 
-def test_node_policy_needs_1_30(helm_env: dict[str, str]) -> None:
-    result = template(helm_env, "--set", "nodePolicy.enabled=true", "--kube-version", "1.29.9")
+@pytest.mark.parametrize("value", ["nodePolicy.enabled", "leasePolicy.enabled"])
+def test_a_forced_policy_needs_1_30(helm_env: dict[str, str], value: str) -> None:
+    result = template(helm_env, "--set", f"{value}=true", "--kube-version", "1.29.9")
     assert result.returncode != 0
-    assert "Kubernetes 1.30 or newer" in result.stderr
+    assert f"{value}=true needs" in result.stderr and "Kubernetes 1.30 or newer" in result.stderr
+    # auto stays quiet before 1.30: the API is not served, so there is no policy
+    assert policies(render(helm_env, "--kube-version", "1.29.9")) == []
+
+
+def test_lease_policy_binds_nmos_service_account_in_the_lease_namespace(
+    helm_env: dict[str, str],
+) -> None:
+    docs = render(helm_env, *VAP_SERVED, "--set", "leasePolicy.validationActions={Warn,Audit}")
+    vap = one(docs, "ValidatingAdmissionPolicy", "-lease-changes")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "-lease-changes")
+    assert vap["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == LEASE_POLICY
+    assert binding["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert one(docs, "ValidatingAdmissionPolicyBinding", "-node-changes")["spec"][
+        "validationActions"
+    ] == ["Deny"]
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["coordination.k8s.io"], ["leases"])
+    assert rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    user, namespace = vap["spec"]["matchConditions"]
+    assert user["expression"] == f"request.userInfo.username == '{SA_USER}'"
+    assert namespace["expression"] == f"request.namespace == '{c.LEASE_NAMESPACE_DEFAULT}'"
+    text = str(vap["spec"])
+    assert f"'{c.LEASE_HOLDER}'" in text and "fieldManager" in text
+    # The lease namespace is the release's: the leader-election and budget Leases are not its.
+    same = render(helm_env, *VAP_SERVED, "--set", f"leases.namespace={c.OPERATOR_NAMESPACE}")
+    (_, namespace) = one(same, "ValidatingAdmissionPolicy", "-lease-changes")["spec"][
+        "matchConditions"
+    ]
+    assert f"request.namespace == '{c.OPERATOR_NAMESPACE}'" in namespace["expression"]
+    assert f"'{c.LEADER_ELECTION_ID}', '{LEDGER_NAME}'" in namespace["expression"]
 
 
 # -- RBAC ----------------------------------------------------------------------------
@@ -427,6 +512,9 @@ def test_operator_wide_delete_needs_allow_pod_deletion(
         ("networkPolicy.dns.ports[0].port=0", "dns"),
         ("nodePolicy.validationActions={Deny,Warn}", "validationActions"),
         ("nodePolicy.validationActions={Block}", "validationActions"),
+        ("nodePolicy.enabled=maybe", "nodePolicy"),
+        ("leasePolicy.enabled=maybe", "leasePolicy"),
+        ("leasePolicy.validationActions={Block}", "validationActions"),
     ],
 )
 def test_schema_refuses(helm_env: dict[str, str], value: str, where: str) -> None:
@@ -442,9 +530,17 @@ def test_documented_values_exist() -> None:
     """Every value docs/install.md names for these features is a key of values.yaml."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     text = (ROOT / "docs" / "install.md").read_text()
-    prefixes = "|".join(("networkPolicy", "nodePolicy", "webhook", "openshift", "leases"))
-    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)(?![\w/-])", text))
-    assert {"networkPolicy.apiServer.cidrs", "nodePolicy.validationActions"} <= named
+    prefixes = "|".join(
+        ("networkPolicy", "nodePolicy", "leasePolicy", "webhook", "openshift", "leases")
+    )
+    # Not the start of a longer dotted name: leases.coordination.k8s.io is an API group.
+    named = set(re.findall(rf"(?<![\w./-])((?:{prefixes})(?:\.[A-Za-z]+)+)(?![\w/-]|\.\w)", text))
+    assert {
+        "networkPolicy.apiServer.cidrs",
+        "nodePolicy.validationActions",
+        "nodePolicy.enabled",
+        "leasePolicy.enabled",
+    } <= named
     for path in sorted(named):
         node: Any = values
         for key in path.split("."):

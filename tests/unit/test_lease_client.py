@@ -9,7 +9,7 @@ import pytest
 import respx
 
 from nmo.core.kube import Kube
-from nmo.core.lease import LeaseClient, LeaseHeldError
+from nmo.core.lease import FIELD_MANAGER, LeaseClient, LeaseHeldError
 from nmo.core.maintenance.lease import Action, format_micro
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"
@@ -148,3 +148,21 @@ async def test_release_deletes_a_lease_without_holder_as_common_does(
     delete = api_server.delete(f"{LEASES}/node-n1").respond(200, json={})
     assert await LeaseClient(kube, "medik8s-leases").release("n1") is deleted
     assert delete.call_count == (1 if deleted else 0)
+
+
+async def test_every_write_names_nmos_field_manager(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    """The chart's lease policy reads the API server's time from that manager's
+    managedFields entry: a takeover without it is refused (templates/lease-policy.yaml)."""
+    expired = _foreign(NOW - timedelta(hours=2))
+    api_server.get(f"{LEASES}/node-n1").respond(200, json=expired)
+    put = api_server.put(f"{LEASES}/node-n1").respond(200, json={})
+    leases = LeaseClient(kube, "medik8s-leases", clock=lambda: NOW)
+    assert (await leases.request(NODE)).action is Action.TAKE_OVER
+    api_server.get(f"{LEASES}/node-n2").respond(404, json={"reason": "NotFound", "message": "x"})
+    post = api_server.post(LEASES).respond(201, json={})
+    n2 = {"metadata": {"name": "n2", "uid": "u2"}}
+    assert (await leases.request(n2)).action is Action.CREATE
+    for route in (put, post):
+        assert route.calls.last.request.url.params["fieldManager"] == FIELD_MANAGER == "nmo"

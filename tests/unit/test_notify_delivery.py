@@ -318,10 +318,28 @@ def test_check_url(url: str, ok: bool) -> None:
     assert (check_url(url) is None) is ok
 
 
-def test_shown_hides_credentials_and_query() -> None:
-    assert shown("https://u:secret@hooks.example.com:8443/a/b?token=x") == (
-        "https://hooks.example.com:8443/a/b"
-    )
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "https://u:secret@hooks.example.com:8443/a/b?token=x",
+            "https://hooks.example.com:8443/<redacted>",
+        ),
+        ("https://hooks.slack.com/services/T0/B0/s3cr3t", "https://hooks.slack.com/<redacted>"),
+        ("https://discord.com/api/webhooks/1/s3cr3t", "https://discord.com/<redacted>"),
+        ("https://hooks.example.com?sig=s3cr3t", "https://hooks.example.com/<redacted>"),
+        ("http://[fd00::1]:8080/", "http://[fd00::1]:8080"),
+        ("http://receiver", "http://receiver"),
+        # invalid ones, echoed in the start-up error
+        ("http://receiver:port/s3cr3t", "http://receiver:port/<redacted>"),
+        ("ftp://u:s3cr3t@receiver/", "ftp://receiver"),
+        ("http://u@s3cr3t@receiver:1/", "http://receiver:1"),
+        ("s3cr3t-token-without-a-scheme", "<redacted>"),
+    ],
+)
+def test_shown_is_the_origin_only(url: str, expected: str) -> None:
+    """scheme://host[:port]: the path (Slack, Discord), query and user info may be the secret."""
+    assert shown(url) == expected
 
 
 @pytest.mark.parametrize(

@@ -140,11 +140,22 @@ def test_notify_flags_reach_the_engine_settings(monkeypatch: pytest.MonkeyPatch)
     [
         (
             ["--notify-url", "ftp://receiver/"],
-            "--notify-url must be an http:// or https:// URL with a host (got 'ftp://receiver/')",
+            "--notify-url must be an http:// or https:// URL with a host (got 'ftp://receiver')",
         ),
         (
             ["--notify-url", "http://receiver:port/"],
-            "--notify-url not a valid URL: Invalid port: 'port' (got 'http://receiver:port/')",
+            "--notify-url not a valid URL: Invalid port: 'port' (got 'http://receiver:port')",
+        ),
+        # The path, query and user info may be the secret: never echoed.
+        (
+            ["--notify-url", "hxxps://hooks.slack.com/services/T0/B0/s3cr3t"],
+            "--notify-url must be an http:// or https:// URL with a host "
+            "(got 'hxxps://hooks.slack.com/<redacted>')",
+        ),
+        (
+            ["--notify-url", "https://u:s3cr3t@hooks.example.com:x/?sig=s3cr3t"],
+            "--notify-url not a valid URL: Invalid port: 'x' "
+            "(got 'https://hooks.example.com:x/<redacted>')",
         ),
         (
             ["--notify-url", "http://receiver/", "--notify-timeout", "0"],

@@ -220,3 +220,24 @@ rendering: nothing known, from/to empty).
 {{- end -}}
 {{- dict "source" $source "from" (uniq $from) "to" (uniq $to) "ports" (uniq $ports) | toJson -}}
 {{- end -}}
+
+{{/*
+Whether one of the chart's ValidatingAdmissionPolicies is rendered:
+(dict "ctx" $ "value" <its enabled value> "name" "<its value's name>").
+auto: when the cluster serves admissionregistration.k8s.io/v1
+ValidatingAdmissionPolicy (Kubernetes 1.30+; helm install and upgrade ask
+the server, helm template knows only its --api-versions). true: always, and
+a cluster older than 1.30 is refused. false: never.
+*/}}
+{{- define "nmo.admissionPolicy" -}}
+{{- $ := .ctx -}}
+{{- $mode := toString .value -}}
+{{- if eq $mode "true" -}}
+{{- if not (semverCompare ">=1.30.0-0" $.Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "%s=true needs admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, Kubernetes 1.30 or newer; the server is %s (helm template: pass --kube-version)" .name $.Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+true
+{{- else if and (eq $mode "auto") ($.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end -}}

@@ -38,11 +38,12 @@ from nmo.cli.defaults import (
 )
 from nmo.core import logsetup
 from nmo.core.engine import Engine, EngineSettings
+from nmo.core.errors import KubeconfigError
 from nmo.core.kube import Kube
 from nmo.core.maintenance.budget import BudgetSettings, parse_max_unavailable, parse_window
 from nmo.core.maintenance.planner import PlanSettings
 from nmo.core.metrics import Metrics
-from nmo.core.notify import NotifySettings, check_url
+from nmo.core.notify import NotifySettings, check_url, shown
 from nmo.webhooks.probes import CheckFailed
 from nmo.webhooks.servers import ServerSettings, serve
 
@@ -212,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=float(os.environ.get("NMO_NOTIFY_TIMEOUT") or 5.0),
         metavar="SECONDS",
-        help="timeout of one delivery attempt (env NMO_NOTIFY_TIMEOUT)",
+        help="seconds one delivery attempt may take in all: connect, send and the whole "
+        "answer (env NMO_NOTIFY_TIMEOUT)",
     )
     le = run.add_argument_group("leader election")
     le.add_argument(
@@ -379,7 +381,8 @@ def notify_settings(args: argparse.Namespace) -> NotifySettings | None:
     if not args.notify_url:
         return None
     if (problem := check_url(args.notify_url)) is not None:
-        raise ValueError(f"--notify-url {problem} (got {args.notify_url!r})")
+        # Echoed as scheme://host[:port]: the rest may be the secret (Slack, Discord).
+        raise ValueError(f"--notify-url {problem} (got {shown(args.notify_url)!r})")
     if args.notify_timeout <= 0:
         raise ValueError(f"--notify-timeout must be more than 0 (got {args.notify_timeout:g})")
     return NotifySettings(url=args.notify_url, timeout=args.notify_timeout)
@@ -508,6 +511,9 @@ async def run(args: argparse.Namespace) -> int:
         kube = await Kube.connect(
             kubeconfig=conn.kubeconfig, context=conn.context, in_cluster=conn.in_cluster
         )
+    except KubeconfigError as exc:  # never the pod's own account instead
+        log.error("cannot read the kubeconfig: %s", exc)
+        return 1
     except Exception as exc:
         log.error("cannot connect to the Kubernetes API: %s", exc)
         return 1

@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from nmo.api import constants as c
 from nmo.cli.defaults import namespaces_arg
-from nmo.core.errors import Conflict, KubeError
+from nmo.core.errors import Conflict, KubeconfigError, KubeError
 from nmo.core.kube import Kube, RetryPolicy
 from nmo.core.selectors import parse_selector
 from nmo.ops import cleanup as cl
@@ -137,6 +137,9 @@ def main(args: argparse.Namespace) -> int:
 async def connect(args: argparse.Namespace, err: Console) -> Kube | None:
     try:
         return await Kube.connect(kubeconfig=args.kubeconfig, context=args.context)
+    except KubeconfigError as exc:  # as kubectl: error: stat <path>: no such file or directory
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        return None
     except Exception as exc:
         err.print(f"[red]error:[/] cannot connect to the Kubernetes API: {escape(str(exc))}")
         return None

@@ -15,6 +15,9 @@ exception types.
     ├── Unauthorized        401
     ├── TooManyRequests     429 (PDB on eviction, or API priority and fairness)
     └── Transient           5xx, timeouts, dropped connections
+
+    KubeconfigError         a kubeconfig named by --kubeconfig or $KUBECONFIG
+                            cannot be read (before any request)
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ class TooManyRequests(KubeError):
 
 class Transient(KubeError):
     """A failure worth retrying: 5xx, a timeout or a dropped connection."""
+
+
+class KubeconfigError(Exception):
+    """A kubeconfig someone named is missing or unreadable: said as kubectl says it
+    (``stat <path>: no such file or directory``), never worked around."""
 
 
 _BY_STATUS: dict[int, type[KubeError]] = {

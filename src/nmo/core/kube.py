@@ -12,6 +12,13 @@ Requests are made with ``raise_for_status=False`` on purpose: kr8s answers a
 kill every open watch; a 403 is often a normal answer for nmo (an eviction in
 a terminating namespace), so nmo reads the status code itself.
 
+A kubeconfig named by ``--kubeconfig`` or ``$KUBECONFIG`` must be there and
+readable (:func:`check_kubeconfig`), as kubectl requires: kr8s skips a
+missing file silently and then authenticates as the pod's service account,
+so ``nmo cleanup --kubeconfig <typo>`` in a CI pod would act as that pod.
+With a kubeconfig named, kr8s is never allowed that fallback, not even when
+it re-reads its credentials later.
+
 The API's ``Warning`` headers (deprecations, admission webhook warnings) are
 handed to :attr:`Kube.on_warning` when a caller sets it, as kubectl prints
 them. Every attempt's answer (its status code, or ``<error>`` when none came)
@@ -24,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import stat
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,7 +47,13 @@ from nmo import __version__
 from nmo.api import constants as c
 from nmo.api.names import name_error
 from nmo.core import backoff
-from nmo.core.errors import InvalidName, KubeError, Transient, error_for_status
+from nmo.core.errors import (
+    InvalidName,
+    KubeconfigError,
+    KubeError,
+    Transient,
+    error_for_status,
+)
 
 log = logging.getLogger("nmo.kube")
 
@@ -135,6 +150,32 @@ def api_path(
     return "/".join(parts)
 
 
+def _why(exc: OSError) -> str:
+    """The system's reason, worded as Go's (lower case): ``no such file or directory``."""
+    return (exc.strerror or str(exc)).lower()
+
+
+def check_kubeconfig(kubeconfig: str) -> None:
+    """Every file ``kubeconfig`` names (``os.pathsep``-separated, as ``$KUBECONFIG``)
+    exists and can be read; :class:`KubeconfigError` says which cannot, as
+    kubectl does (``stat <path>: no such file or directory``)."""
+    for path in kubeconfig.split(os.pathsep):
+        if not path:
+            continue
+        full = os.path.expanduser(path)
+        try:
+            mode = os.stat(full).st_mode
+        except OSError as exc:
+            raise KubeconfigError(f"stat {path}: {_why(exc)}") from exc
+        if stat.S_ISDIR(mode):
+            raise KubeconfigError(f"read {path}: is a directory")
+        try:
+            with open(full, "rb"):
+                pass
+        except OSError as exc:
+            raise KubeconfigError(f"open {path}: {_why(exc)}") from exc
+
+
 MAX_STREAMS = 512  # watches: three kinds plus one per node under maintenance
 
 
@@ -229,14 +270,26 @@ class Kube:
         timeout: float = 30.0,
         max_in_flight: int = 128,
     ) -> Kube:
-        """Authenticate from a kubeconfig, or the in-cluster service account."""
+        """Authenticate from a kubeconfig, or the in-cluster service account.
+
+        A kubeconfig named here or by ``$KUBECONFIG`` that cannot be read raises
+        :class:`KubeconfigError`; only when none is named may kr8s fall back from
+        ``~/.kube/config`` to the pod's service account, as kubectl does.
+        """
+        named = None if in_cluster else (kubeconfig or os.environ.get("KUBECONFIG") or None)
+        if named is not None:
+            check_kubeconfig(named)
         try:
             if in_cluster:
-                api = await kr8s.asyncio.api(
-                    serviceaccount="/var/run/secrets/kubernetes.io/serviceaccount"
-                )
+                api = await kr8s.asyncio.api(serviceaccount=_SERVICE_ACCOUNT_DIR)
             else:
-                api = await kr8s.asyncio.api(kubeconfig=kubeconfig, context=context)
+                api = await kr8s.asyncio.api(
+                    kubeconfig=named,
+                    context=context,
+                    # "": kr8s never falls back to the pod's service account,
+                    # not even when it re-reads its credentials after a 401.
+                    serviceaccount="" if named is not None else None,
+                )
         except (httpx.TransportError, kr8s.APITimeoutError) as exc:
             raise Transient(f"cannot reach the API server: {exc}") from exc
         except kr8s.ServerError as exc:
@@ -351,8 +404,10 @@ class Kube:
                 return page
             query["continue"] = cont
 
-    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.request("POST", path, body=body)
+    async def create(
+        self, path: str, body: Mapping[str, Any], *, params: Params | None = None
+    ) -> dict[str, Any]:
+        return await self.request("POST", path, params=params, body=body)
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request(
@@ -364,8 +419,10 @@ class Kube:
             "PATCH", path, body=ops, content_type="application/json-patch+json"
         )
 
-    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.request("PUT", path, body=body)
+    async def replace(
+        self, path: str, body: Mapping[str, Any], *, params: Params | None = None
+    ) -> dict[str, Any]:
+        return await self.request("PUT", path, params=params, body=body)
 
     async def delete(self, path: str, *, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return await self.request("DELETE", path, body=body)

@@ -7,6 +7,11 @@ disappeared while held (released, or deleted by someone) is reported as a
 failed renewal, so a renewer that outlives its maintenance cannot re-create
 a released lease.
 
+Every write names nmo's field manager (:data:`FIELD_MANAGER`): the chart's
+lease policy (templates/lease-policy.yaml) lets nmo take over another
+holder's lease only once it has expired, and a policy has no clock but the
+time the API server writes into that manager's managedFields entry.
+
 Time is read from the injected clock *after* the lease is: a ``now`` taken
 before the GET would make a foreign renewal that landed in between look like
 an invalid (future) renewal and the lease look free to take.
@@ -29,6 +34,9 @@ from nmo.core.maintenance.lease import (
     build_lease,
     decide,
 )
+
+FIELD_MANAGER = "nmo"  # the manager the User-Agent nmo/<version> would give anyway
+_WRITE = {"fieldManager": FIELD_MANAGER}
 
 
 class LeaseHeldError(Exception):
@@ -117,16 +125,19 @@ class LeaseClient:
                 if decision.action is Action.CREATE and renew_only:
                     raise LeaseLost(name)
                 if decision.action is Action.CREATE:
+                    body = build_lease(node, self.namespace, now)
                     try:
-                        await self.kube.create(self.path(), build_lease(node, self.namespace, now))
+                        await self.kube.create(self.path(), body, params=_WRITE)
                     except NotFound:
                         # The lease namespace was deleted under us: recreate it once.
                         await self.ensure_namespace()
-                        await self.kube.create(self.path(), build_lease(node, self.namespace, now))
+                        await self.kube.create(self.path(), body, params=_WRITE)
                 elif decision.action in (Action.RENEW, Action.TAKE_OVER):
                     assert lease is not None
                     await self.kube.replace(
-                        self.path(name), apply(decision, lease, node, now, holder=self.holder)
+                        self.path(name),
+                        apply(decision, lease, node, now, holder=self.holder),
+                        params=_WRITE,
                     )
                 return decision
             except (Conflict, AlreadyExists):

@@ -17,6 +17,14 @@ the :class:`Notifier` delivers it to ``--notify-url``. What it guarantees:
   failure is never an error of the maintenance.
 * Delivery is at least once: an answer lost on its way back is retried, so
   a receiver should treat ``(maintenance, kind, time)`` as the key.
+* A hostile or broken receiver cannot hold the leader: one attempt (connect,
+  send, the answer's head and body) has one total deadline, ``timeout``, a
+  byte trickled now and then included. The answer's body is read no further
+  than :data:`MAX_ANSWER_BODY` bytes (nmo needs only the status and
+  ``Retry-After``), so at most one network read (64 KiB) of it is ever held.
+* The URL is logged and echoed as ``scheme://host[:port]`` only
+  (:func:`shown`): Slack and Discord put the secret in the path, others in
+  the query or the user info.
 * When the task is cancelled (shutdown, leadership lost) it tries each
   notification left once more, for at most ``flush_timeout`` seconds in
   all; what is still left is dropped.
@@ -31,6 +39,7 @@ import asyncio
 import email.utils
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -48,13 +57,14 @@ log = logging.getLogger("nmo.notify")
 
 USER_AGENT = f"nmo/{__version__}"
 RESULTS = ("delivered", "failed", "dropped")
+MAX_ANSWER_BODY = 4096  # bytes of an answer's body read at most; the rest is never read
 _DROP_WARNING_EVERY = 10.0  # seconds between two warnings about dropped notifications
 
 
 @dataclass(frozen=True)
 class NotifySettings:
     url: str
-    timeout: float = 5.0  # seconds, per attempt (connect, write, read)
+    timeout: float = 5.0  # seconds, one attempt in all (connect, send, the whole answer)
     attempts: int = 5
     max_age: float = 600.0  # seconds from enqueue after which retrying stops
     queue_size: int = 1000
@@ -74,11 +84,22 @@ def check_url(url: str) -> str | None:
     return None
 
 
+_ORIGIN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://(?:[^/?#]*@)?([^/?#@]*)")
+
+
 def shown(url: str) -> str:
-    """The URL for logs: no user info, no query (either may hold a secret)."""
-    parsed = httpx.URL(url)
-    port = f":{parsed.port}" if parsed.port is not None else ""
-    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
+    """The URL for logs and messages: ``scheme://host[:port]``, nothing else.
+
+    The path, the query and the user info may each hold the secret (Slack and
+    Discord webhooks put it in the path), so none of them is shown; where
+    there was more, ``/<redacted>`` says so. Works on an invalid URL too: a
+    value that is no ``scheme://...`` at all is shown as ``<redacted>``.
+    """
+    match = _ORIGIN.match(url.strip())
+    if match is None:
+        return "<redacted>"
+    rest = url.strip()[match.end() :]
+    return f"{match.group(1)}://{match.group(2)}" + ("/<redacted>" if rest.strip("/") else "")
 
 
 def retry_after(value: str | None, now: datetime) -> float | None:
@@ -230,13 +251,25 @@ class Notifier:
 
     async def _attempt(self, client: httpx.AsyncClient, item: _Item) -> Outcome:
         item.attempts += 1
+        deadline = self.settings.timeout
+        outcome: Outcome | None = None
         try:
-            resp = await client.post(self.settings.url, content=item.body)
+            # httpx's timeout is per operation: a receiver trickling a byte
+            # now and then would hold the attempt for ever without this one.
+            async with asyncio.timeout(deadline):
+                async with client.stream("POST", self.settings.url, content=item.body) as resp:
+                    outcome = answered(resp.status_code, resp.headers, datetime.now(UTC))
+                    await _skim(resp)
+        except TimeoutError:
+            if outcome is not None:  # the body was late, the answer was not: it stands
+                return outcome
+            return Outcome(False, retry=True, why=f"no answer within {deadline:g}s")
         except httpx.TransportError as exc:  # refused, reset, timed out, TLS...
             return Outcome(False, retry=True, why=f"{type(exc).__name__}: {exc}".rstrip(": "))
         except httpx.HTTPError as exc:  # e.g. too many redirects: not worth retrying
             return Outcome(False, why=f"{type(exc).__name__}: {exc}")
-        return answered(resp.status_code, resp.headers, datetime.now(UTC))
+        assert outcome is not None  # the stream was entered, or an exception said why not
+        return outcome
 
     async def _flush(self, client: httpx.AsyncClient) -> None:
         items = ([self._current] if self._current is not None else []) + list(self._queue)
@@ -295,6 +328,26 @@ class Notifier:
                 n.maintenance,
                 extra=_ctx(n),
             )
+
+
+async def _skim(resp: httpx.Response) -> None:
+    """Read at most :data:`MAX_ANSWER_BODY` bytes of the answer's body, as sent.
+
+    A short body read to its end leaves the connection reusable; a longer one
+    is left unread, and closing the stream closes the connection. Raw bytes:
+    decoding a compressed body would let a few bytes grow into many. A body
+    cut short changes nothing: the status and headers are the answer.
+    """
+    if resp.is_stream_consumed:  # read already (a transport that buffers, as in tests)
+        return
+    read = 0
+    try:
+        async for chunk in resp.aiter_raw():
+            read += len(chunk)
+            if read >= MAX_ANSWER_BODY:
+                return
+    except httpx.TransportError:
+        return
 
 
 def _ctx(n: Notification) -> dict[str, str]:

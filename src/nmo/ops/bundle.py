@@ -10,10 +10,10 @@ credential. Two defences, because names alone miss too much (``DB_PASS``,
   args, command or foreign annotations);
 - redact by name *and* by shape in everything written
   (:func:`redact` for objects, :func:`redact_text` for logs, events and
-  summaries): values of keys naming a pass/secret/token/key/credential, env
-  values whose name does, URL userinfo passwords, PEM blocks, the value after
-  ``--token``/``--password``/``--secret``-style flags, bearer tokens, JWTs and
-  long base64/hex blobs.
+  summaries; :mod:`nmo.ops.redact` says what a secret name and a secret
+  shape are): values of keys, env entries, flags (``-p`` too), ``name=value``
+  pairs and URL query parameters with a secret name, URL user info, PEM
+  blocks, bearer tokens, JWTs and long base64/hex blobs.
 
 Secrets themselves are never read. The other helpers decide which objects
 are relevant (PDBs covering pods on maintained nodes, the webhook
@@ -23,7 +23,6 @@ summary reads, so :mod:`nmo.ops.gather` only fetches and writes.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,9 +31,13 @@ from typing import Any
 from nmo.api import constants as c
 from nmo.core.selectors import selector_matches
 
+# Re-exported: what gather writes with.
+from nmo.ops.redact import REDACTED as REDACTED
+from nmo.ops.redact import redact as redact
+from nmo.ops.redact import redact_text as redact_text
+
 Obj = dict[str, Any]
 
-REDACTED = "<redacted>"
 MAINTENANCE_REASONS = tuple(
     e[0]
     for e in (
@@ -45,110 +48,6 @@ MAINTENANCE_REASONS = tuple(
         c.EVENT_FAILED,
     )
 )
-
-_SECRET_WORD = r"pass(?:word|wd)?|secret|token|key|credential"
-_SENSITIVE_KEY = re.compile(rf"{_SECRET_WORD}|auth(?:orization)?$", re.IGNORECASE)
-# Names of things, not the things: secretName, tokenSecretRef name, the
-# ``key`` of a taint, toleration, selector requirement or secretKeyRef, ...
-_NAME_KEY = re.compile(r"(name|ref|path|expirationseconds|audience)s?$|^keys?$", re.IGNORECASE)
-_JWT = re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}")
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
-_KEYVAL = re.compile(
-    r"(?i)\b((?:[a-z_]*(?:token|pass(?:word|wd)?|secret|api[-_]?key|private[-_]?key|credential))"
-    r"[a-z_]*\"?\s*[=:]\s*)(\"?)[^\s\"',}]{4,}"
-)
-_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?(?:-----END [A-Z0-9 ]+-----|$)", re.DOTALL)
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+@")
-_FLAG = re.compile(rf"(?i)^--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*$")
-_FLAG_VALUE = re.compile(
-    rf"(?i)(?<![\w-])(--?[a-z0-9_-]*(?:{_SECRET_WORD})[a-z0-9_-]*)(=|\s+)(?!-)(\"?)[^\s\"]+"
-)
-# ``--tls-private-key-file /etc/tls/key.pem`` names where a secret is, not the secret
-_FLAG_NAMES_A_THING = re.compile(r"(?i)[-_](file|path|dir|name|ref)$")
-_BLOB = re.compile(r"(?<![A-Za-z0-9+/_:-])[A-Za-z0-9+/_-]{40,}={0,2}")
-_HEX = re.compile(r"(?<![0-9A-Za-z:])[0-9a-fA-F]{32,}(?![0-9A-Za-z])")
-
-
-def _blob(match: re.Match[str]) -> str:
-    """A long run of base64 with upper, lower and digits looks random: a key,
-    not a path or a name (which are lowercase or carry separators)."""
-    text = match.group(0)
-    mixed = any(ch.isupper() for ch in text) and any(ch.islower() for ch in text)
-    return REDACTED if mixed and any(ch.isdigit() for ch in text) else text
-
-
-def _is_secret_flag(flag: str) -> bool:
-    return _FLAG.match(flag) is not None and _FLAG_NAMES_A_THING.search(flag) is None
-
-
-def _flag_value(match: re.Match[str]) -> str:
-    if not _is_secret_flag(match.group(1)):
-        return match.group(0)
-    return match.group(1) + match.group(2) + match.group(3) + REDACTED
-
-
-def redact_text(text: str) -> str:
-    """Scrub credentials from free text, by shape: PEM blocks, URL passwords,
-    JWTs, bearer tokens, ``token=...``-like pairs, secret-looking flag values
-    and long random-looking blobs (hex, base64)."""
-    text = _PEM.sub(REDACTED, text)
-    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
-    text = _JWT.sub(REDACTED, text)
-    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    text = _FLAG_VALUE.sub(_flag_value, text)
-    text = _KEYVAL.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
-    text = _HEX.sub(REDACTED, text)
-    return _BLOB.sub(_blob, text)
-
-
-def _sensitive(key: str) -> bool:
-    return bool(_SENSITIVE_KEY.search(key)) and not _NAME_KEY.search(key)
-
-
-def redact(value: Any, *, _key: str = "") -> Any:
-    """A copy of a collected object with credentials replaced by ``<redacted>``.
-
-    ``metadata.managedFields`` is dropped too: it is bulky and says nothing a
-    reader of the bundle needs.
-    """
-    if isinstance(value, Mapping):
-        out: Obj = {}
-        env_like = isinstance(value.get("name"), str) and "value" in value
-        for k, v in value.items():
-            if k == "managedFields":
-                continue
-            if isinstance(v, str) and _sensitive(str(k)):
-                out[k] = REDACTED if v else v
-            elif k == "value" and env_like and _sensitive(str(value["name"])) and v:
-                out[k] = REDACTED
-            else:
-                out[k] = redact(v, _key=str(k))
-        return out
-    if isinstance(value, list):
-        items = [redact(v, _key=_key) for v in value]
-        # ["--token", "abc"]: the argument after a secret-looking flag is its value
-        for i in range(1, len(items)):
-            before, this = value[i - 1], items[i]
-            flag = isinstance(before, str) and _is_secret_flag(before)
-            if flag and isinstance(this, str) and not this.startswith("-"):
-                items[i] = REDACTED
-        return items
-    if isinstance(value, str):
-        return _redact_string(value)
-    return value
-
-
-def _redact_string(text: str) -> str:
-    """JSON embedded in a string (last-applied-configuration) is redacted as an object."""
-    if text[:1] in "{[":
-        try:
-            parsed = json.loads(text)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict | list):
-            return json.dumps(redact(parsed), separators=(",", ":"))
-    return redact_text(text)
-
 
 # Annotations of other people's pods that diagnosis needs (the rest may hold anything).
 _KNOWN_ANNOTATIONS = frozenset({c.MIRROR_POD_ANNOTATION, "kubernetes.io/config.source"})
