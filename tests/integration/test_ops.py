@@ -277,14 +277,25 @@ async def test_gather_bundle_carries_no_workload_secret_and_is_private(
             "metadata": {
                 "name": pod,
                 "annotations": annotations,
-                # left alone by the drain, so it is still on the node when gathered
-                "labels": {"nodemaintenance.medik8s.io/drain": "skip"},
             },
             "spec": spec,
         },
     )
     name = f"gather-{uid()}"
-    await api.create_nm(name, target)
+    # The CR's podSelector (the admin's) leaves the pod alone, so it is still
+    # on the node when gathered.
+    await api.create(
+        NM,
+        {
+            "apiVersion": "nodemaintenance.medik8s.io/v1beta1",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": target,
+                "drain": {"podSelector": {"matchLabels": {"example.com/drained": "yes"}}},
+            },
+        },
+    )
     try:
         await wait_phase(api, name, "Succeeded")
         result = await nmo(
