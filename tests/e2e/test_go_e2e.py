@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +58,9 @@ from go_suite import (
     suite_env,
 )
 
-from nmo_sandbox import Binaries, MissingBinariesError, Sandbox, SandboxError, find_binaries
+from nmo_sandbox import Binaries, Sandbox, SandboxError, find_binaries
+from nmo_sandbox.certmanager import find_cert_manager
+from nmo_sandbox.realnodes import check_host_tools
 from nmo_sandbox.release import ensure_image, install_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,11 +137,12 @@ def locate_suite() -> Path:
     return Path(res.stdout.strip().splitlines()[-1])
 
 
-async def run_shape(shape: Shape, binary: Path, bins: Binaries, ref: str, out: Path) -> Run:
+async def run_shape(
+    shape: Shape, binary: Path, bins: Binaries, ref: str, *, out: Path, sandbox_dir: Path
+) -> Run:
+    """A sandbox in ``sandbox_dir``: shape it, install, run the suite; artifacts in ``out``."""
     t0 = time.monotonic()
-    sb = Sandbox(
-        out / "sandbox", nodes=shape.workers, real_nodes=1, cert_manager=True, binaries=bins
-    )
+    sb = Sandbox(sandbox_dir, nodes=shape.workers, real_nodes=1, cert_manager=True, binaries=bins)
     try:
         await sb.start()
     except SandboxError as exc:
@@ -195,34 +200,57 @@ async def run_shape(shape: Shape, binary: Path, bins: Binaries, ref: str, out: P
         return Run(shape, setup, seconds, code, succeeded, specs, log, logs.stdout, tracer.pods)
     finally:
         await sb.stop()
+        keep_logs(sb.layout.logs_dir, out / "sandbox-logs")
+
+
+def keep_logs(logs: Path, to: Path) -> None:
+    """The components' logs (not the audit log), before the sandbox directory goes."""
+    if logs.is_dir():
+        shutil.copytree(logs, to, ignore=shutil.ignore_patterns("audit*"))
+
+
+def make_dirs(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
 
 
 @pytest.fixture(scope="module")
 async def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run | str]:
     binary = locate_suite()
-    try:
-        bins = find_binaries()
-    except MissingBinariesError as exc:
+    try:  # every prerequisite up front: a missing one fails the module with one line
+        bins = find_binaries().check_real_nodes()
+        check_host_tools()
+        find_cert_manager()
+    except SandboxError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         image = await ensure_image()
     except SandboxError as exc:
         pytest.fail(str(exc), pytrace=False)
-    base = tmp_path_factory.mktemp("go-e2e")
+    base = tmp_path_factory.mktemp("go-e2e")  # reports and logs, kept
     started = time.monotonic()
-    done = await asyncio.gather(
-        *(run_shape(s, binary, bins, image.ref, base / s.name) for s in SHAPES),
-        return_exceptions=True,
-    )
+    # The sandboxes in a short directory: a real node's unix socket paths
+    # must fit the kernel's 107 bytes, and an xdist worker's tmp path is long.
+    with tempfile.TemporaryDirectory(prefix="nmo-go-e2e-") as short:
+        jobs = []
+        for s in SHAPES:
+            out, sandbox_dir = make_dirs(base / s.name), Path(short) / f"{len(s.control_planes)}cp"
+            jobs.append(run_shape(s, binary, bins, image.ref, out=out, sandbox_dir=sandbox_dir))
+        done = await asyncio.gather(*jobs, return_exceptions=True)
     results: dict[str, Run | str] = {}
     for shape, got in zip(SHAPES, done, strict=True):
         if isinstance(got, Run):
             results[shape.name] = got
-        elif isinstance(got, SetupError | AssertionError):
+        elif isinstance(got, SetupError):
+            results[shape.name] = str(got)
+        elif isinstance(got, AssertionError):  # the shape did not settle (go_suite.until)
             results[shape.name] = f"{shape.name}: {got}"
         else:
             raise got
-    print(f"GO E2E both shapes in {time.monotonic() - started:.0f}s (image {image.seconds:.0f}s)")
+    print(
+        f"GO E2E both shapes in {time.monotonic() - started:.0f}s (image {image.seconds:.0f}s); "
+        f"reports and logs in {base}"
+    )
     for name, run in results.items():
         if isinstance(run, str):
             print(f"GO E2E {name}: NOT RUN: {run}")
