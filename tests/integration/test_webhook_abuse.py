@@ -4,11 +4,16 @@
 nmo runs as a process (``Operator``) with the webhook enabled on a free
 127.0.0.1 port and a certificate from the sandbox CA; a
 ValidatingWebhookConfiguration points the sandbox apiserver at it. The test
-process plays the attacker, straight to the webhook port:
+process plays the attacker, straight to the webhook port; its floods come
+from other loopback addresses (127.0.0.2 and up) than the apiserver's
+127.0.0.1, as a pod's traffic comes from the pod's address:
 
 * a flood of idle TCP sockets and slow-loris TLS connections: nmo's RSS stays
   bounded, ``/healthz`` and ``/readyz`` answer within 1 s, and admission
   reviews (the apiserver's and a direct one) are still answered;
+* 1,000 keep-alive holders and 1,000 byte-a-second tricklers that reconnect
+  whenever closed (issue 20): the port stays full of them, and the
+  apiserver's reviews and direct ones on new connections answer within 1 s;
 * a forged CREATE review for a node every 2 s: a real ``kubectl create`` of a
   NodeMaintenance for that node still succeeds;
 * 3 MiB and deeply nested bodies: refused quickly, probes and leadership
@@ -23,12 +28,16 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import ssl
+import statistics
+import struct
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +97,11 @@ def forged_review(node: str, *, claimant: str) -> Json:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
+def pod_address(k: int) -> str:
+    """One of 16 loopback addresses standing for pods (127.0.0.2 to 127.0.0.17)."""
+    return f"127.0.0.{2 + k % 16}"
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -119,6 +133,15 @@ async def dry_run_missing_node(kube: httpx.AsyncClient) -> httpx.Response:
 async def hooked(
     sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Hooked]:
+    async with webhook_operator(sandbox, tmp_path_factory) as hook:
+        yield hook
+
+
+@contextlib.asynccontextmanager
+async def webhook_operator(
+    sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, *, extra: tuple[str, ...] = ()
+) -> AsyncIterator[Hooked]:
+    """``nmo run`` (with ``extra`` arguments) whose webhook the sandbox apiserver calls."""
     async with sandbox.client() as kube:
         resp = await kube.post(CRDS, json=crd())
         assert resp.status_code in (201, 409), resp.text
@@ -133,7 +156,14 @@ async def hooked(
         op = Operator(
             sandbox,
             tmp_path_factory.mktemp("abuse-logs"),
-            extra=["--enable-webhook", "--webhook-port", str(port), "--cert-dir", str(certs)],
+            extra=[
+                "--enable-webhook",
+                "--webhook-port",
+                str(port),
+                "--cert-dir",
+                str(certs),
+                *extra,
+            ],
         )
         CURRENT.append(op)
         await op.start()
@@ -261,16 +291,24 @@ async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
     writers: list[asyncio.StreamWriter] = []
     stop = asyncio.Event()
 
-    async def idle(n: int) -> None:
+    # From 16 pod-like addresses (127.0.0.2 and up): the sandbox apiserver
+    # calls from 127.0.0.1, and one address is one party to nmo (a flood from
+    # the apiserver's own address would share its connection bounds).
+    async def idle(n: int, k: int) -> None:
         for _ in range(n):
             with contextlib.suppress(OSError):
-                _r, w = await asyncio.open_connection("127.0.0.1", hooked.port)
+                _r, w = await asyncio.open_connection(
+                    "127.0.0.1", hooked.port, local_addr=(pod_address(k), 0)
+                )
                 writers.append(w)
 
-    async def loris() -> None:
+    async def loris(k: int) -> None:
         with contextlib.suppress(OSError, asyncio.TimeoutError, ssl.SSLError):
             _r, w = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", hooked.port, ssl=hooked.tls()), 10
+                asyncio.open_connection(
+                    "127.0.0.1", hooked.port, ssl=hooked.tls(), local_addr=(pod_address(k), 0)
+                ),
+                10,
             )
             writers.append(w)
             for byte in f"POST {c.WEBHOOK_PATH} HTTP/1.1\r\n".encode():
@@ -285,8 +323,8 @@ async def test_a_socket_flood_keeps_memory_bounded_and_probes_answering(
         hooked.op.probe_port, ("/healthz", "/readyz"), pid=pid, stop_file=tmp_path / "stop"
     )
     watcher.start()
-    lorises = [asyncio.create_task(loris()) for _ in range(100)]
-    await asyncio.gather(*(idle(250) for _ in range(12)))  # 3,000 idle sockets
+    lorises = [asyncio.create_task(loris(k)) for k in range(100)]
+    await asyncio.gather(*(idle(250, k) for k in range(12)))  # 3,000 idle sockets
     opened = len(writers)
     # During the flood: the apiserver's review and a direct one on a new connection.
     async with sandbox.client() as kube:
@@ -404,3 +442,170 @@ async def test_big_and_nested_bodies_are_refused_quickly(hooked: Hooked, tmp_pat
         else:
             assert status == 400, text
     assert max(latencies) < 1.0
+
+
+HOSTILE = Path(__file__).with_name("hostile_clients.py")
+SLOTS_FIGURES = FIGURES.with_name("webhook-slots.json")
+
+
+class LoadProcess:
+    """A load script (``hostile_clients.py``, ``forgers.py``) in a process of
+    its own: ready once it prints so, its report (a line of JSON) once its
+    stdin closes."""
+
+    def __init__(self, script: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+
+    async def ready(self) -> None:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 120)
+        assert line == b"ready\n", line
+
+    def finish(self) -> Json:
+        out, _ = self.proc.communicate(input=b"", timeout=90)
+        report: Json = json.loads(out.splitlines()[-1])
+        return report
+
+
+def held_sockets(pid: int, port: int) -> Counter[str]:
+    """The connections process ``pid`` has accepted on ``port`` and holds, by
+    peer address (from /proc: its socket inodes, the IPv4 TCP table)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    held: Counter[str] = Counter()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+        if state != "01" or inode not in inodes or int(local.split(":")[1], 16) != port:
+            continue  # not an established connection of this port in this process
+        peer = socket.inet_ntoa(struct.pack("<I", int(remote.split(":")[0], 16)))
+        held[peer] += 1
+    return held
+
+
+class Holdings:
+    """Samples :func:`held_sockets` every 0.2 s while a test runs."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        self.pid, self.port = pid, port
+        self.hostile: list[int] = []
+        self.ours: list[int] = []
+        self._task = asyncio.create_task(self._sample())
+
+    async def _sample(self) -> None:
+        while True:
+            held = held_sockets(self.pid, self.port)
+            self.ours.append(held.pop("127.0.0.1", 0))
+            self.hostile.append(sum(held.values()))
+            await asyncio.sleep(0.2)
+
+    async def stop(self) -> Json:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        return {
+            "hostile_mean": round(statistics.fmean(self.hostile), 1),
+            "hostile_min": min(self.hostile),
+            "hostile_max": max(self.hostile),
+            "from_127_0_0_1_max": max(self.ours),
+            "samples": len(self.hostile),
+        }
+
+
+@pytest.mark.solo  # bounds a review's latency under load: alone, not beside other sandboxes
+async def test_hostile_sockets_leave_the_apiserver_room(sandbox: Sandbox, hooked: Hooked) -> None:
+    """1,000 keep-alive holders and 1,000 byte-a-second tricklers, from 16
+    pod-like addresses: the apiserver's reviews and a direct one (from
+    127.0.0.1, on new connections) are answered within 1 s throughout."""
+    assert hooked.op.proc is not None
+    hostile = LoadProcess(
+        HOSTILE,
+        str(hooked.port),
+        str(hooked.ca_file),
+        "--holders=1000",
+        "--tricklers=1000",
+        "--sources=16",
+    )
+    through_apiserver: list[float] = []
+    direct: list[float] = []
+    failures: list[str] = []
+    # One missing node: its lookup is remembered, so the reviews cost no API budget.
+    missing = unique("no-node")
+
+    async def via_apiserver(kube: httpx.AsyncClient) -> None:
+        started = time.perf_counter()
+        denied = await kube.post(
+            MAINTENANCES_PATH, params={"dryRun": "All"}, json=nm(unique("p"), missing)
+        )
+        through_apiserver.append(time.perf_counter() - started)
+        if denied.status_code != 403 or "no node with name" not in denied.text:
+            failures.append(f"apiserver: {denied.status_code} {denied.text[:300]}")
+
+    async def straight() -> None:
+        started = time.perf_counter()
+        try:
+            async with httpx.AsyncClient(verify=hooked.tls(), timeout=10) as http:
+                answered = await http.post(hooked.url, json=forged_review(missing, claimant="d"))
+            if answered.json()["response"]["allowed"] is not False:
+                failures.append(f"direct: {answered.status_code} {answered.text[:300]}")
+        except httpx.HTTPError as exc:
+            took = time.perf_counter() - started
+            failures.append(f"direct: {type(exc).__name__} {exc!r} after {took:.2f}s")
+        direct.append(time.perf_counter() - started)
+
+    cut_before = await hooked.op.metric(
+        "nmo_webhook_admissions_total", operation="UNKNOWN", result="error"
+    )
+    pid = hooked.op.proc.pid
+    try:
+        await hostile.ready()
+        holdings = Holdings(pid, hooked.port)
+
+        async def full() -> bool:
+            return sum(held_sockets(pid, hooked.port).values()) >= 250
+
+        await until(full, timeout=60, what="the hostile sockets to fill the port")
+        # Two rounds a second for 15 s, as the load churns: the apiserver
+        # keeps its connection; the direct review opens a new one every other
+        # round (as a client may, within its address's admit_rate).
+        async with sandbox.client() as kube:
+            start = time.monotonic()
+            for i in range(30):
+                await asyncio.sleep(max(0.0, start + i / 2 - time.monotonic()))
+                await via_apiserver(kube)
+                if i % 2 == 0:
+                    await straight()
+    finally:
+        report = hostile.finish()
+    held = await holdings.stop()
+    # Bodies refused before parsing: the tricklers' 408s (the holders' GETs are 404s).
+    cut = (
+        await hooked.op.metric("nmo_webhook_admissions_total", operation="UNKNOWN", result="error")
+        - cut_before
+    )
+    figures = {
+        "tricklers_cut_408": cut,
+        "held_by_nmo": held,
+        "hostile_open": report["open"],
+        "hostile_counts": report["counts"],
+        "apiserver_review_p50_s": round(statistics.median(through_apiserver), 3),
+        "apiserver_review_max_s": round(max(through_apiserver), 3),
+        "direct_review_p50_s": round(statistics.median(direct), 3),
+        "direct_review_max_s": round(max(direct), 3),
+        "reviews": len(through_apiserver) + len(direct),
+        "failures": failures,
+    }
+    SLOTS_FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    SLOTS_FIGURES.write_text(json.dumps(figures, indent=1))
+    print(figures)
+    # The load was there: nmo held the port's 256 connections for the hostile ones.
+    assert held["hostile_mean"] > 200, figures
+    assert cut > 0, figures
+    assert not failures, figures
+    assert max(through_apiserver) < 1.0, figures
+    assert max(direct) < 1.0, figures

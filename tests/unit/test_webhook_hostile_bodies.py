@@ -2,8 +2,10 @@
 
 The real limits (:data:`MAX_BODY_BYTES`), through the ASGI app: a 3 MiB body,
 declared or chunked, is 413 without being parsed; deep nesting is a 400; a
-big but valid review is parsed off the loop and answered; slow uploads hold at
-most ``Uploads.limit`` slots, beyond which the answer is 429 at once.
+big but valid review is parsed off the loop and answered; slow big uploads
+hold at most ``Uploads.limit`` slots, beyond which the answer is 429 at once,
+while a review of the usual size needs none; a stalled body is cut after a
+short grace (issue 20).
 """
 
 from __future__ import annotations
@@ -16,13 +18,21 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 from test_webhook_intake import review
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import PARSE_INLINE_BYTES, create_webhook_app
-from nmo.webhooks.intake import MAX_BODY_BYTES, Uploads
+from nmo.webhooks.intake import (
+    BUFFERED,
+    FREE_BODY_BYTES,
+    MAX_BODY_BYTES,
+    Unacceptable,
+    Uploads,
+    read_review_body,
+)
 
 THREE_MIB = 3 * 1024 * 1024
 
@@ -87,24 +97,77 @@ async def test_a_big_valid_review_is_parsed_off_the_loop_and_answered() -> None:
     assert ticks > 0
 
 
-async def test_slow_uploads_beyond_the_bound_get_429_at_once() -> None:
-    gate = asyncio.Event()
+async def test_slow_big_uploads_beyond_the_bound_get_429_at_once() -> None:
+    gate, holding = asyncio.Event(), asyncio.Event()
 
     async def stalled() -> AsyncIterator[bytes]:
-        yield b"{"
+        yield b"[" + b" " * FREE_BODY_BYTES  # past the free bytes: holds the one slot
+        holding.set()  # the app asks for more: it has taken the slot
         await gate.wait()
-        yield b"}"
+        yield b"]"
 
+    big = review()
+    big["request"]["object"]["metadata"]["annotations"] = {"a": "x" * FREE_BODY_BYTES}
     async with client(uploads=Uploads(1, wait=0.05)) as http:
         first = asyncio.create_task(http.post(WEBHOOK_PATH, content=stalled()))
-        await asyncio.sleep(0.01)  # let the first request take the slot
+        await holding.wait()
         started = time.perf_counter()
-        second = await http.post(WEBHOOK_PATH, content=json.dumps(review()).encode())
+        second = await http.post(WEBHOOK_PATH, content=json.dumps(big).encode())
         assert second.status_code == 429
         assert second.headers["retry-after"] == "1"
         assert "too many admission requests" in second.text
         assert time.perf_counter() - started < 1.0
+        # A review of the usual few KiB needs no slot: answered meanwhile.
+        small = await http.post(WEBHOOK_PATH, content=json.dumps(review()).encode())
+        assert small.status_code == 200
+        assert small.json()["response"]["allowed"] is True
         gate.set()
-        assert (await first).status_code == 400  # "{}" has no uid
-        third = await http.post(WEBHOOK_PATH, content=json.dumps(review()).encode())
+        assert (await first).status_code == 400  # a list, not a review
+        third = await http.post(WEBHOOK_PATH, content=json.dumps(big).encode())
         assert third.status_code == 200
+
+
+async def test_a_stalled_body_is_408_after_the_grace_not_the_deadline() -> None:
+    never = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"{"
+        await never.wait()
+
+    # The grace and rate are small so the test is quick; the deadline is not.
+    async with client(body_seconds=60, min_body_rate=1000, body_grace=0.05) as http:
+        resp = await http.post(WEBHOOK_PATH, content=stalled())
+    assert resp.status_code == 408
+    assert resp.text.startswith("request body arriving slower than 1000 bytes/s (1 bytes in 0.1s)")
+    assert resp.headers["connection"] == "close"
+
+
+async def test_a_deadline_missed_by_the_loop_not_the_client_is_not_a_408() -> None:
+    """The server holds the body (its protocol received it) but the app's turn
+    came after the deadline, as on a loaded loop: the body is read, not cut."""
+    held = bytearray(json.dumps(review()).encode())
+    waited = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if not waited.is_set():  # the first turn comes too late
+            waited.set()
+            await asyncio.Event().wait()
+        body, held[:] = bytes(held), b""
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": WEBHOOK_PATH,
+        "headers": [],
+        "extensions": {BUFFERED: {"pending": lambda: len(held)}},
+    }
+    body = await read_review_body(Request(scope, receive), grace=0.01, min_rate=1000)
+    assert json.loads(body) == review()
+    assert waited.is_set()
+    # Nothing held: the same miss is the client's.
+    waited.clear()
+    scope["extensions"] = {BUFFERED: {"pending": lambda: 0}}
+    with pytest.raises(Unacceptable, match="slower than 1000 bytes/s") as late:
+        await read_review_body(Request(scope, receive), grace=0.01, min_rate=1000)
+    assert late.value.status_code == 408

@@ -43,6 +43,9 @@ class NoLookups:
         self.calls.append(what)
         raise AssertionError(f"UPDATE decided with a lookup: {what}")
 
+    def for_requester(self, requester: str) -> NoLookups:
+        return self  # not a lookup: who would pay for them
+
     async def get_node(self, name: str) -> Any:
         return self._refuse("get_node")
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 import respx
-from test_webhook_lookups import FakeCache, FakeKube
+from test_webhook_lookups import Clock, FakeCache, FakeKube
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
@@ -166,7 +166,7 @@ async def test_webhook_app_answers_with_warnings() -> None:
     assert resp.json()["response"]["warnings"] == [WARNING]
 
 
-# -- ClusterLookups.node_budgets: targeted, fresh, bounded ---------------------------------
+# -- ClusterLookups.node_budgets: targeted, recent, bounded ---------------------------------
 
 
 class ListingKube(FakeKube):
@@ -222,6 +222,31 @@ async def test_node_budgets_uses_one_cluster_list_for_many_namespaces() -> None:
     _, pdbs = await lookups_with(kube).node_budgets("n1")
     assert [b["metadata"]["namespace"] for b in pdbs] == ["ns0"]
     assert len(kube.calls) == 2
+
+
+async def test_node_budgets_are_read_once_per_ttl_for_a_node() -> None:
+    clock = Clock()
+    kube = ListingKube(
+        {
+            "/api/v1/pods": {"items": [pod("web-1")]},
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(0)]},
+        }
+    )
+    lookups = ClusterLookups(
+        kube,
+        nodes=FakeCache([node("n1"), node("n2")]),
+        maintenances=FakeCache(),
+        settings=LookupSettings(budgets_ttl=5.0),
+        clock=clock,
+    )
+    for _ in range(100):  # forged CREATEs for one node
+        assert await lookups.node_budgets("n1") == ([pod("web-1")], [pdb(0)])
+    assert len(kube.calls) == 2  # the pods, their namespace's PDBs
+    await lookups.node_budgets("n2")  # another node is read for itself
+    assert len(kube.calls) == 4
+    clock.now += 5
+    await lookups.node_budgets("n1")
+    assert len(kube.calls) == 6
 
 
 async def test_node_budgets_is_bounded_in_time() -> None:

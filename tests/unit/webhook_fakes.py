@@ -61,6 +61,11 @@ class FakeLookups:
     node_pdbs: list[Obj] = field(default_factory=list)
     pod_deletion: bool | None = True  # may nmo delete pods (onTimeout Delete)
     deletion_checks: int = 0
+    requesters: list[str] = field(default_factory=list)  # who each review came from
+
+    def for_requester(self, requester: str) -> FakeLookups:
+        self.requesters.append(requester)
+        return self
 
     def _maybe_fail(self, what: str) -> None:
         if what in self.failing:

@@ -8,16 +8,38 @@ The JSON keys are zap's (``ts``, ``level``, ``logger``, ``msg``); ``ts`` is
 ISO 8601 in milliseconds unless a zap time encoding is chosen
 (``--zap-time-encoding``: ``epoch``, ``millis``, ``nanos``, ``iso8601``,
 ``rfc3339``, ``rfc3339nano``), written as zap writes it.
+
+Text lines are one record each, whatever the record holds: control
+characters, Unicode line separators and bidirectional overrides in the
+message and in every field are written escaped (``\\n``, ``\\x1b``,
+``\\u2028``), so a request's content (a review's ``userInfo.username``, a node
+name, a header) cannot forge or hide log lines; a traceback keeps its lines.
+JSON escapes them by itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(char: re.Match[str]) -> str:
+    c = char.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def printable(text: str) -> str:
+    """``text`` on one line: control and line-breaking characters escaped."""
+    return _UNSAFE.sub(_escaped, text)
 
 
 def _extras(record: logging.LogRecord) -> dict[str, object]:
@@ -64,8 +86,8 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         stamp = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S.%f")[:-3]
-        extras = " ".join(f"{k}={v}" for k, v in _extras(record).items())
-        line = f"{stamp} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        extras = " ".join(f"{printable(k)}={printable(str(v))}" for k, v in _extras(record).items())
+        line = f"{stamp} {record.levelname:<7} {record.name}: {printable(record.getMessage())}"
         if extras:
             line += f"  [{extras}]"
         if record.exc_info:

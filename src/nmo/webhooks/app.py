@@ -13,10 +13,14 @@ Guarantees of the webhook app (behavior.md A6):
   naming what was expected), and anything else with a 4xx and a plain-text
   reason: 415 for a body that is not ``application/json``, 413 for one over
   768 KiB (never read past the limit, see :mod:`nmo.webhooks.intake`), 429
-  when too many bodies are being uploaded at once, 408 for a body that takes
-  too long, 400 for the rest. Whatever the bytes, the answer is never a 5xx;
+  when too many big bodies are being uploaded at once, 408 for a body that
+  takes too long or trickles in, 400 for the rest. Whatever the bytes, the
+  answer is never a 5xx;
 * a body over :data:`PARSE_INLINE_BYTES` is parsed in a worker thread, one at
   a time, so the event loop (probes, leader lease, the operator) keeps turning;
+* the API requests a review's lookups make are charged to its peer address
+  (:meth:`nmo.webhooks.validators.Lookups.for_requester`), as are a metrics
+  scrape's reviews (:class:`nmo.webhooks.metrics_auth.MetricsAuth`);
 * every answer is counted in ``nmo_webhook_admissions_total{operation,result}``
   and timed in ``nmo_webhook_admission_duration_seconds``;
 * every decision is logged with the node name and the word "maintenance", so
@@ -55,12 +59,15 @@ from nmo.webhooks.admission import (
     wrong_target,
 )
 from nmo.webhooks.intake import (
+    BODY_GRACE_SECONDS,
     BODY_SECONDS,
     MAX_BODY_BYTES,
+    MIN_BODY_RATE,
     Unacceptable,
     Uploads,
     read_review_body,
 )
+from nmo.webhooks.listener import source_of
 from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
 from nmo.webhooks.probes import Probes, probes_router
 from nmo.webhooks.validators import (
@@ -169,6 +176,8 @@ def create_webhook_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     uploads: Uploads | None = None,
     body_seconds: float = BODY_SECONDS,
+    min_body_rate: float = MIN_BODY_RATE,
+    body_grace: float = BODY_GRACE_SECONDS,
 ) -> FastAPI:
     """The validating webhook ``vnodemaintenance.kb.io``."""
     app = _bare_app("nmo webhook", background)
@@ -195,7 +204,12 @@ def create_webhook_app(
         try:
             try:
                 body = await read_review_body(
-                    http_request, limit=max_body_bytes, uploads=uploads, body_seconds=body_seconds
+                    http_request,
+                    limit=max_body_bytes,
+                    uploads=uploads,
+                    body_seconds=body_seconds,
+                    min_rate=min_body_rate,
+                    grace=body_grace,
                 )
             except Unacceptable as exc:
                 refused(exc.message, None, status=exc.status_code)
@@ -213,7 +227,7 @@ def create_webhook_app(
                 return _review(review_response(exc.uid, decision, api_version=exc.api_version))
             request = parsed.request
             try:
-                decision = await decide(request, lookups)
+                decision = await decide(request, lookups.for_requester(_peer(http_request)))
             except Exception:
                 shown = incidents.report(
                     log, "maintenance admission failed unexpectedly", uid=request.uid
@@ -228,6 +242,11 @@ def create_webhook_app(
             metrics.webhook_latency.observe(time.perf_counter() - started)
 
     return app
+
+
+def _peer(request: Request) -> str:
+    """The address a request came from (who pays for its API requests)."""
+    return source_of(request.client.host) if request.client is not None else ""
 
 
 def _log_decision(request: AdmissionRequest, decision: Decision) -> None:
@@ -289,6 +308,7 @@ def create_metrics_app(
                     request.headers.get("authorization"),
                     path=request.url.path,
                     method=request.method,
+                    source=_peer(request),
                 )
             except AuthRejected as exc:
                 return PlainTextResponse(exc.message + "\n", status_code=exc.status_code)

@@ -34,11 +34,27 @@ Guarantees:
   stale answer there could break etcd quorum.
 * Whether nmo may delete pods (the ``onTimeout: Delete`` warning) is one
   SelfSubjectAccessReview, cached for ``access_ttl`` (:mod:`nmo.core.access`).
-* The admission warnings' pods and PDBs are read fresh too, never cached
-  (the memory of a cache of every pod would grow with the cluster): one LIST
-  of the node's pods by field selector, then the PDBs of their namespaces
-  (one LIST each, or one cluster-wide LIST past :data:`MAX_PDB_NAMESPACES`),
-  all within ``budget_timeout``.
+* The admission warnings' pods and PDBs are read for the node alone: one
+  LIST of the node's pods by field selector, then the PDBs of their
+  namespaces (one LIST each, or one cluster-wide LIST past
+  :data:`MAX_PDB_NAMESPACES`), all within ``budget_timeout``; the answer is
+  reused for ``budgets_ttl`` seconds, for the ``budgets_nodes`` nodes asked
+  about last (never a cache of every pod, which would grow with the
+  cluster), so repeated CREATEs for a node cost one read (issue 20).
+
+Who pays (issue 20): every API request made while deciding a review is
+charged to the review's sender, told apart by its peer address (a review's
+``userInfo`` is whatever its sender wrote; the address is not), through
+:meth:`ClusterLookups.for_requester`. An address is *proven* once a review
+it sent became a NodeMaintenance: the informer shows a new CR whose uid the
+address's review named first, before the CR existed. Only the apiserver's
+reviews can: a CR's uid is assigned just before its review is sent, and the
+review comes before the CR is stored.
+Proven addresses spend shares of the proven budget, every other address a
+share of the small unproven one, so forged reviews (from any number of pods)
+can never spend what the apiserver's reviews need; until its first CR the
+apiserver is unproven, and its CREATEs lose at most their warnings (or a
+GET for a node newer than the cache, answered "please try again").
 """
 
 from __future__ import annotations
@@ -55,8 +71,8 @@ from nmo.api import constants as c
 from nmo.core.access import Access
 from nmo.core.errors import KubeError, NotFound
 from nmo.core.kube import Params, Requester, api_path, nm_path, node_path
-from nmo.webhooks.budget import Forgetful
-from nmo.webhooks.validators import LookupFailed, node_name_of
+from nmo.webhooks.budget import Forgetful, Pool, TTLCache
+from nmo.webhooks.validators import LookupFailed, Lookups, node_name_of
 
 log = logging.getLogger("nmo.webhooks.lookups")
 
@@ -71,6 +87,11 @@ MAX_PDB_NAMESPACES = 8  # beyond this many namespaces, one cluster-wide PDB LIST
 
 
 KubeClient = Requester  # the slice of :class:`nmo.core.kube.Kube` the webhooks use
+
+# A review costs at most 1 + MAX_PDB_NAMESPACES requests (its warnings), plus
+# a GET for a node newer than the cache, or two LISTs for the etcd quorum.
+PROVEN = Pool(in_flight=12, rate=15.0, burst=30, share_rate=5.0, share_burst=20)
+UNPROVEN = Pool(in_flight=4, rate=5.0, burst=10, share_rate=2.0, share_burst=10)
 
 
 class ObjectCache(Protocol):
@@ -96,6 +117,11 @@ class LookupSettings:
     budget_timeout: float = 2.0  # all the reads of the admission warnings together
     missing_node_ttl: float = 5.0  # a node the API said is missing is not asked for again
     access_ttl: float = 30.0  # how long "may nmo delete pods" is believed
+    budgets_ttl: float = 5.0  # how long a node's pods and PDBs (the warnings) are reused
+    budgets_nodes: int = 16  # for this many nodes at most
+    proven_ttl: float = 24 * 3600.0  # an address whose review became a CR, for this long
+    proven: Pool = PROVEN  # the budget of proven addresses (see the module docstring)
+    unproven: Pool = UNPROVEN  # and of every other address
 
 
 @dataclass
@@ -117,11 +143,19 @@ class ClusterLookups:
         settings: LookupSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._kube = kube
         self._nodes = nodes
         self._maintenances = maintenances
-        self.settings = settings or LookupSettings()
+        self.settings = s = settings or LookupSettings()
         self._clock = clock
+        self.proven = s.proven.shares(kube, clock=clock)
+        self.unproven = s.unproven.shares(kube, clock=clock)
+        # Lookups charged to no sender (cached answers, direct calls).
+        self._kube = self.proven.kube
+        self._first_reviewer: TTLCache[str] = TTLCache(60.0, 4096, clock=clock)  # uid -> address
+        self._proven_sources = Forgetful(s.proven_ttl, 256, clock=clock)
+        self._budgets: TTLCache[tuple[list[Obj], list[Obj]]] = TTLCache(
+            s.budgets_ttl, s.budgets_nodes, clock=clock
+        )
         self._lock = asyncio.Lock()
         self._claims: dict[str, _Claim] = {}
         self._missing = Forgetful(self.settings.missing_node_ttl, clock=clock)
@@ -129,7 +163,7 @@ class ClusterLookups:
         self._openshift_checked = float("-inf")
         self._discovery_lock = asyncio.Lock()
         self.access = Access(
-            kube,
+            self._kube,
             ttl=self.settings.access_ttl,
             timeout=self.settings.request_timeout,
             clock=clock,
@@ -147,9 +181,22 @@ class ClusterLookups:
             raise LookupFailed(f"the {what} cache has not synced yet") from exc
 
     def _on_maintenance(self, event: str, obj: Obj, old: Obj | None) -> None:
-        """The informer saw a CR: the cache now answers for its node."""
+        """The informer saw a CR: the cache now answers for its node, and the
+        address that first sent a review naming its uid is proven."""
         if event == "DELETED":
             return
+        uid = (obj.get("metadata") or {}).get("uid")
+        new = old is None and isinstance(uid, str)  # first seen now, not a later change
+        source = self._first_reviewer.pop(uid) if new else None
+        if source is not None and source not in self._proven_sources:
+            log.info(
+                "maintenance admission: reviews from %s are the apiserver's (one became %s)",
+                source,
+                (obj.get("metadata") or {}).get("name"),
+                extra={"source": source},
+            )
+        if source is not None:
+            self._proven_sources.add(source)
         node_name = node_name_of(obj)
         if node_name and node_name in self._claims:
             self._drop(node_name)
@@ -171,9 +218,28 @@ class ClusterLookups:
         now = self._clock()
         return {n: cl.claimant for n, cl in self._claims.items() if cl.expires > now}
 
+    # -- who pays -------------------------------------------------------------
+
+    def for_requester(self, requester: str) -> Lookups:
+        """The lookups of one review from peer address ``requester``, charged to it."""
+        pool = self.proven if requester in self._proven_sources else self.unproven
+        return _Charged(self, requester, pool.for_key(requester))
+
+    def reviewed(self, uid: str, requester: str) -> None:
+        """A review from ``requester`` claimed a node for the CR ``uid``: noted
+        when it is the first, for a CR not in the cache yet (a uid copied from
+        an existing CR proves nothing)."""
+        if self._first_reviewer.get(uid) is not None:
+            return
+        if any(
+            (o.get("metadata") or {}).get("uid") == uid for o in self._maintenances.store.values()
+        ):
+            return
+        self._first_reviewer.put(uid, requester)
+
     # -- Lookups protocol ----------------------------------------------------
 
-    async def get_node(self, name: str) -> Obj | None:
+    async def get_node(self, name: str, *, kube: KubeClient | None = None) -> Obj | None:
         if self._nodes.synced.is_set():
             cached = self._nodes.store.get(name)
             if cached is not None:
@@ -181,7 +247,7 @@ class ClusterLookups:
         if name in self._missing:
             return None
         try:
-            return await self._kube.request(
+            return await (kube or self._kube).request(
                 "GET",
                 node_path(name),
                 retry=False,
@@ -286,39 +352,54 @@ class ClusterLookups:
     async def may_delete_pods(self) -> bool | None:
         return await self.access.may_delete_pods()
 
-    async def _list(self, path: str, params: Params | None = None) -> list[Obj]:
+    async def _list(
+        self, path: str, params: Params | None = None, *, kube: KubeClient | None = None
+    ) -> list[Obj]:
         try:
-            page = await self._kube.request(
+            page = await (kube or self._kube).request(
                 "GET", path, params=params, retry=False, timeout=self.settings.request_timeout
             )
         except KubeError as exc:
             raise LookupFailed(str(exc)) from exc
         return [o for o in page.get("items") or [] if isinstance(o, dict)]
 
-    async def list_etcd_pdbs(self) -> Sequence[Obj]:
+    async def list_etcd_pdbs(self, *, kube: KubeClient | None = None) -> Sequence[Obj]:
         return await self._list(
-            api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE)
+            api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE), kube=kube
         )
 
-    async def list_etcd_pods(self, selector: Mapping[str, Any] | None) -> Sequence[Obj]:
+    async def list_etcd_pods(
+        self, selector: Mapping[str, Any] | None, *, kube: KubeClient | None = None
+    ) -> Sequence[Obj]:
         params: dict[str, str] = {}
         query = selector_query(selector)
         if query:
             params["labelSelector"] = query
-        return await self._list(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE), params)
+        return await self._list(
+            api_path("v1", "pods", namespace=c.ETCD_NAMESPACE), params, kube=kube
+        )
 
-    async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
+    async def node_budgets(
+        self, node_name: str, *, kube: KubeClient | None = None
+    ) -> tuple[Sequence[Obj], Sequence[Obj]]:
+        known = self._budgets.get(node_name)
+        if known is not None:
+            return known
         try:
-            return await asyncio.wait_for(
-                self._node_budgets(node_name), self.settings.budget_timeout
+            found = await asyncio.wait_for(
+                self._node_budgets(node_name, kube or self._kube), self.settings.budget_timeout
             )
         except TimeoutError as exc:
             raise LookupFailed(
                 f"pods and PodDisruptionBudgets not read within {self.settings.budget_timeout:g}s"
             ) from exc
+        self._budgets.put(node_name, found)
+        return found
 
-    async def _node_budgets(self, node_name: str) -> tuple[list[Obj], list[Obj]]:
-        pods = await self._list(PODS_PATH, {"fieldSelector": f"spec.nodeName={node_name}"})
+    async def _node_budgets(self, node_name: str, kube: KubeClient) -> tuple[list[Obj], list[Obj]]:
+        pods = await self._list(
+            PODS_PATH, {"fieldSelector": f"spec.nodeName={node_name}"}, kube=kube
+        )
         namespaces = sorted({str((p.get("metadata") or {}).get("namespace", "")) for p in pods})
         if not namespaces:
             return pods, []
@@ -326,17 +407,55 @@ class ClusterLookups:
             wanted = set(namespaces)
             pdbs = [
                 b
-                for b in await self._list(PDBS_PATH)
+                for b in await self._list(PDBS_PATH, kube=kube)
                 if (b.get("metadata") or {}).get("namespace") in wanted
             ]
             return pods, pdbs
         pages = await asyncio.gather(
             *(
-                self._list(api_path("policy/v1", "poddisruptionbudgets", namespace=ns))
+                self._list(api_path("policy/v1", "poddisruptionbudgets", namespace=ns), kube=kube)
                 for ns in namespaces
             )
         )
         return pods, [b for page in pages for b in page]
+
+
+class _Charged:
+    """:class:`ClusterLookups` for one review: API requests are charged to
+    its sender's share, and its claims note the sender (see ``reviewed``)."""
+
+    def __init__(self, lookups: ClusterLookups, requester: str, kube: KubeClient) -> None:
+        self._lookups, self._requester, self._kube = lookups, requester, kube
+
+    def for_requester(self, requester: str) -> Lookups:
+        return self._lookups.for_requester(requester)
+
+    async def get_node(self, name: str) -> Obj | None:
+        return await self._lookups.get_node(name, kube=self._kube)
+
+    async def claim_node(self, node_name: str, claimant: str, *, dry_run: bool = False) -> bool:
+        claimed = await self._lookups.claim_node(node_name, claimant, dry_run=dry_run)
+        if claimed and not dry_run:
+            self._lookups.reviewed(claimant, self._requester)
+        return claimed
+
+    def release_node(self, node_name: str, claimant: str) -> None:
+        self._lookups.release_node(node_name, claimant)
+
+    async def is_openshift(self) -> bool:
+        return await self._lookups.is_openshift()  # cached for every sender alike
+
+    async def list_etcd_pdbs(self) -> Sequence[Obj]:
+        return await self._lookups.list_etcd_pdbs(kube=self._kube)
+
+    async def list_etcd_pods(self, selector: Mapping[str, Any] | None) -> Sequence[Obj]:
+        return await self._lookups.list_etcd_pods(selector, kube=self._kube)
+
+    async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
+        return await self._lookups.node_budgets(node_name, kube=self._kube)
+
+    async def may_delete_pods(self) -> bool | None:
+        return await self._lookups.may_delete_pods()  # cached for every sender alike
 
 
 def selector_query(selector: Mapping[str, Any] | None) -> str:

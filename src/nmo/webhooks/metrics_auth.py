@@ -19,9 +19,23 @@ Positive answers are cached for ``cache_ttl`` (a minute by default), keyed by
 a SHA-256 of the token, so a scrape every few seconds costs no API traffic;
 so are tokens the TokenReview rejected (a token never turns valid later), so
 repeating a bad token costs nothing; authorization refusals are never cached,
-so a freshly granted role works at once. The API client given is bounded
-(:class:`nmo.webhooks.budget.BudgetedKube`): past its rate the answer is 429
-``Too many authentication requests``, and no TokenReview is sent.
+so a freshly granted role works at once.
+
+The reviews a request costs are paid from one of two budgets
+(:class:`nmo.webhooks.budget.Shares` over a bounded client each), past which
+the answer is 429 ``Too many authentication requests`` and no review is sent:
+
+* *proven* callers, those let in before (within ``remember``, an hour by
+  default), spend the proven budget: a token let in before is charged to its
+  user, any other token to its peer address when that address was let in
+  before (Prometheus after its token rotated);
+* everyone else shares the small unproven budget, each peer address its own
+  share of it.
+
+So random tokens cost one review each, but only from the unproven budget
+and, from one address, only that address's share of it (issue 20: 10 of 10
+real scrapes got 429 while random tokens arrived); a proven scraper keeps its
+own budget whatever the others send.
 """
 
 from __future__ import annotations
@@ -29,20 +43,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.core.errors import KubeError, TooManyRequests
 from nmo.core.kube import api_path
-from nmo.webhooks.budget import Forgetful
+from nmo.webhooks.budget import Forgetful, Pool, TTLCache
 from nmo.webhooks.lookups import KubeClient
 
 log = logging.getLogger("nmo.webhooks.metrics_auth")
 
 TOKEN_REVIEWS = api_path("authentication.k8s.io/v1", "tokenreviews")
 SUBJECT_ACCESS_REVIEWS = api_path("authorization.k8s.io/v1", "subjectaccessreviews")
+
+# A scrape costs two reviews when its token is not cached: a caller's share
+# allows a few at once and one scrape a second or so.
+PROVEN = Pool(in_flight=4, rate=5.0, burst=10, share_rate=2.0, share_burst=8)
+UNPROVEN = Pool(in_flight=2, rate=3.0, burst=12, share_rate=1.0, share_burst=6)
 
 
 @dataclass(frozen=True)
@@ -73,31 +91,9 @@ def bearer_token(header: str | None) -> str | None:
     return token
 
 
-class _TTLCache:
-    def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float]) -> None:
-        self.ttl, self.max_entries, self._clock = ttl, max_entries, clock
-        self._items: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
-
-    def get(self, key: Any) -> Any:
-        hit = self._items.get(key)
-        if hit is None:
-            return None
-        if hit[0] <= self._clock():
-            del self._items[key]
-            return None
-        return hit[1]
-
-    def put(self, key: Any, value: Any) -> None:
-        if self.ttl <= 0:
-            return
-        self._items[key] = (self._clock() + self.ttl, value)
-        self._items.move_to_end(key)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
-
-
 class MetricsAuth:
-    """TokenReview + SubjectAccessReview, with a short positive cache."""
+    """TokenReview + SubjectAccessReview, with a short positive cache and
+    budgets for proven and unproven callers (see the module docstring)."""
 
     def __init__(
         self,
@@ -105,18 +101,34 @@ class MetricsAuth:
         *,
         cache_ttl: float = 60.0,
         max_entries: int = 1024,
+        remember: float = 3600.0,
+        proven: Pool = PROVEN,
+        unproven: Pool = UNPROVEN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._kube = kube
-        self._users = _TTLCache(cache_ttl, max_entries, clock)
-        self._allowed = _TTLCache(cache_ttl, max_entries, clock)
+        self._users: TTLCache[User] = TTLCache(cache_ttl, max_entries, clock=clock)
+        self._allowed: TTLCache[bool] = TTLCache(cache_ttl, max_entries, clock=clock)
         self._rejected = Forgetful(cache_ttl, 4 * max_entries, clock=clock)
+        # Let in before: token digest -> user name; peer addresses.
+        self._proven_tokens: TTLCache[str] = TTLCache(remember, max_entries, clock=clock)
+        self._proven_sources = Forgetful(remember, max_entries, clock=clock)
+        self.proven = proven.shares(kube, clock=clock)
+        self.unproven = unproven.shares(kube, clock=clock)
         self.reviews = 0
 
-    async def authenticate(self, token: str) -> User | None:
+    def _budget(self, digest: str, source: str) -> KubeClient:
+        """Who pays for the reviews of a request with this token, from this address."""
+        user = self._proven_tokens.get(digest)
+        if user is not None:
+            return self.proven.for_key(("user", user))
+        if source in self._proven_sources:
+            return self.proven.for_key(("source", source))
+        return self.unproven.for_key(("source", source))
+
+    async def authenticate(self, token: str, *, kube: KubeClient) -> User | None:
         """The user behind a token, or None when the API server says no."""
-        key = hashlib.sha256(token.encode()).hexdigest()
-        cached: User | None = self._users.get(key)
+        key = _digest(token)
+        cached = self._users.get(key)
         if cached is not None:
             return cached
         if key in self._rejected:
@@ -127,7 +139,7 @@ class MetricsAuth:
             "spec": {"token": token},
         }
         self.reviews += 1
-        answer = await self._kube.request("POST", TOKEN_REVIEWS, body=body, retry=False)
+        answer = await kube.request("POST", TOKEN_REVIEWS, body=body, retry=False)
         status = answer.get("status") or {}
         if not status.get("authenticated"):
             self._rejected.add(key)
@@ -144,7 +156,7 @@ class MetricsAuth:
         self._users.put(key, user)
         return user
 
-    async def authorize(self, user: User, *, path: str, verb: str) -> bool:
+    async def authorize(self, user: User, *, path: str, verb: str, kube: KubeClient) -> bool:
         """Whether RBAC lets the user ``verb`` the non-resource URL ``path``."""
         key = (user.name, user.uid, user.groups, path, verb)
         if self._allowed.get(key):
@@ -164,7 +176,7 @@ class MetricsAuth:
             "spec": spec,
         }
         self.reviews += 1
-        answer = await self._kube.request("POST", SUBJECT_ACCESS_REVIEWS, body=body, retry=False)
+        answer = await kube.request("POST", SUBJECT_ACCESS_REVIEWS, body=body, retry=False)
         status = answer.get("status") or {}
         allowed = bool(status.get("allowed")) and not status.get("denied")
         if allowed:
@@ -176,13 +188,18 @@ class MetricsAuth:
             )
         return allowed
 
-    async def check(self, authorization: str | None, *, path: str, method: str) -> User:
-        """Admit a request or raise :class:`AuthRejected` with the HTTP answer."""
+    async def check(
+        self, authorization: str | None, *, path: str, method: str, source: str = ""
+    ) -> User:
+        """Admit a request from peer address ``source`` or raise
+        :class:`AuthRejected` with the HTTP answer."""
         token = bearer_token(authorization)
         if token is None:
             raise AuthRejected(401, "Unauthorized")
+        digest = _digest(token)
+        kube = self._budget(digest, source)
         try:
-            user = await self.authenticate(token)
+            user = await self.authenticate(token, kube=kube)
         except TooManyRequests as exc:
             raise AuthRejected(429, "Too many authentication requests") from exc
         except KubeError as exc:
@@ -192,7 +209,7 @@ class MetricsAuth:
             raise AuthRejected(401, "Unauthorized")
         verb = method.lower()  # as the apiserver's RequestInfo derives it
         try:
-            allowed = await self.authorize(user, path=path, verb=verb)
+            allowed = await self.authorize(user, path=path, verb=verb, kube=kube)
         except TooManyRequests as exc:
             raise AuthRejected(429, "Too many authorization requests") from exc
         except KubeError as exc:
@@ -200,4 +217,10 @@ class MetricsAuth:
             raise AuthRejected(500, f"Authorization for user {user.name} failed") from exc
         if not allowed:
             raise AuthRejected(403, f"Authorization denied for user {user.name}")
+        self._proven_tokens.put(digest, user.name)
+        self._proven_sources.add(source)
         return user
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -11,12 +11,14 @@ main; here each server is a task in the one asyncio loop:
   and stay open while idle longer than the apiserver keeps them, so it is
   never the server that closes a connection a request is on its way to;
 * connections are accepted by nmo's own :class:`~nmo.webhooks.listener.Listener`
-  (one per port), not uvicorn's: a cap per port and deadlines for the TLS
-  handshake and a request's headers, so idle or trickling sockets cannot
-  fill the memory limit (issue 14);
+  (one per port), not uvicorn's: a cap per port and per peer address, idle
+  connections closed for newcomers least recently used first, and deadlines
+  for the TLS handshake and a request's headers, so idle or trickling
+  sockets can neither fill the memory limit (issue 14) nor hold the slots
+  (issue 20);
 * the API requests untrusted callers can cause (webhook lookups, metrics
-  TokenReviews) go through budgets of their own
-  (:class:`~nmo.webhooks.budget.BudgetedKube`);
+  TokenReviews) go through budgets of their own, shared out per caller
+  (:class:`~nmo.webhooks.budget.Shares`), proven callers apart;
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
 * a shutdown first *drains* (:meth:`Servers.drain`): the servers keep
@@ -59,8 +61,7 @@ from fastapi import FastAPI
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.core.metrics import Metrics
 from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
-from nmo.webhooks.budget import BudgetedKube
-from nmo.webhooks.intake import BODY_SECONDS
+from nmo.webhooks.intake import BODY_GRACE_SECONDS, BODY_SECONDS, MIN_BODY_RATE
 from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
 from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.metrics_auth import MetricsAuth
@@ -105,6 +106,8 @@ class ServerSettings:
     # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     body_seconds: float = BODY_SECONDS  # an admission request's body must arrive within
+    min_body_rate: float = MIN_BODY_RATE  # bytes a second, on average, after body_grace
+    body_grace: float = BODY_GRACE_SECONDS
     # With a CA file, the webhook port requires a client certificate signed by
     # it (the apiserver presents one when its AdmissionConfiguration says so):
     # then no pod can post a review at all.
@@ -371,6 +374,8 @@ class Servers:
             lookups=self.lookups,
             metrics=self.metrics,
             body_seconds=s.body_seconds,
+            min_body_rate=s.min_body_rate,
+            body_grace=s.body_grace,
             background={"nmo-webhook-cert-watcher": lambda: cert.watch(s.cert_poll_interval)},
         )
         await self._start("webhook", app, port, cert.context)
@@ -503,19 +508,18 @@ async def serve(
     ``/leaderz``; setting ``draining`` starts the drain of a shutdown (see
     :meth:`Servers.drain`). Raises when a server cannot start or stops on its own.
     """
-    # Budgets of their own (a share of the operator's client, issue 14 item 7):
-    # webhook lookups and metrics authentication cannot starve each other.
-    lookups = build_lookups(
-        BudgetedKube(kube), nodes=nodes, maintenances=maintenances, settings=lookup_settings
-    )
+    # Budgets of their own (a share of the operator's client, issue 14 item 7),
+    # made by the lookups and the metrics authentication from the client, each
+    # split between proven callers and the rest (issue 20): webhook lookups and
+    # metrics authentication cannot starve each other, nor forgers either.
+    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
     ready = dict(readiness or {})
     if settings.require_webhook_for_ready and settings.webhook_port is not None:
         ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
     probes = Probes(healthz=liveness, readyz=ready, leading=leading)
-    auth_kube = BudgetedKube(kube, max_in_flight=4, rate=5.0, burst=10)
     servers = Servers(
         settings,
-        kube=auth_kube,
+        kube=kube,
         lookups=lookups,
         metrics=metrics,
         probes=probes,

@@ -83,6 +83,11 @@ class LookupFailed(Exception):
 class Lookups(Protocol):
     """What the rules need to know about the cluster."""
 
+    def for_requester(self, requester: str) -> Lookups:
+        """These lookups for one review sent from peer address ``requester``:
+        the API requests they make are charged to it."""
+        ...
+
     async def get_node(self, name: str) -> Obj | None:
         """The Node, or None when it does not exist; raises LookupFailed."""
         ...
@@ -110,8 +115,8 @@ class Lookups(Protocol):
         ...
 
     async def node_budgets(self, node_name: str) -> tuple[Sequence[Obj], Sequence[Obj]]:
-        """The pods bound to the node and the PDBs of their namespaces, read now
-        (bounded in time, never cached); raises LookupFailed."""
+        """The pods bound to the node and the PDBs of their namespaces, read
+        recently (bounded in time); raises LookupFailed."""
         ...
 
     async def may_delete_pods(self) -> bool | None:
