@@ -65,6 +65,7 @@ from nmo_sandbox.release import ensure_image, install_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE_SCRIPT = ROOT / "hack" / "go-e2e-bin.sh"
+START_TIMEOUT = 240.0  # two sandboxes with a real node and cert-manager start at once
 SUITE_TIMEOUT = 1200.0  # the suite's waits add up to about 8 minutes per shape
 SHAPES = (ONE_CP, THREE_CP)
 
@@ -142,7 +143,10 @@ async def run_shape(
 ) -> Run:
     """A sandbox in ``sandbox_dir``: shape it, install, run the suite; artifacts in ``out``."""
     t0 = time.monotonic()
-    sb = Sandbox(sandbox_dir, nodes=shape.workers, real_nodes=1, cert_manager=True, binaries=bins)
+    sb = Sandbox(
+        sandbox_dir, nodes=shape.workers, real_nodes=1, cert_manager=True, binaries=bins,
+        timeout=START_TIMEOUT,
+    )  # fmt: skip
     try:
         await sb.start()
     except SandboxError as exc:
