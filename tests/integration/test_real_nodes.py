@@ -371,13 +371,24 @@ def leftovers(directory: Path, bridge: str, recorded: Json) -> list[str]:
             found.append(f"container process {pid}")
     found += [f"mount {m}" for m in mounts_under(directory)]
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    # Bridge names are reused (the lowest free nmo-sb<i>): another sandbox
+    # started meanwhile may own this name now; its alias names its directory.
+    owners = {f"nmo-sandbox {directory}", f"nmo-sandbox {directory.resolve()}"}
+    reused = any(
+        f": {bridge}:" in line and not any(owner in line for owner in owners)
+        for line in links.splitlines()
+    )
     for name in [bridge, *recorded["veths"]]:
+        if name == bridge and reused:
+            continue
         if f": {name}:" in links or f": {name}@" in links:
             found.append(f"link {name}")
     for cid in recorded["container_ids"]:
         found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/k8s.io/{cid}")]
     nat = subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
-    found += [f"iptables {rule}" for rule in nat.splitlines() if f"-i {bridge} " in rule]
+    found += [
+        f"iptables {rule}" for rule in nat.splitlines() if f"-i {bridge} " in rule and not reused
+    ]
     found += [f"shim {s.pid}" for s in find_shims(directory)]
     kubelets = [
         e for e in Path("/proc").glob("[0-9]*/comm") if _read(e).strip() == "kubelet"
