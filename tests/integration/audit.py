@@ -35,7 +35,7 @@ import pytest
 
 from nmo_sandbox import Sandbox
 
-NMO_AGENT = "nmo/"  # nmo's User-Agent is nmo/<version> (nmo.core.kube.USER_AGENT)
+NMO_AGENT = "nmo/"  # nmo's User-Agent is nmo/<version> (nmo.kube.client.USER_AGENT)
 MARKER_AGENT = "nmo-tests-audit-marker"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import yaml
 
 from nmo.api import constants as c
-from nmo.core.budget import LEDGER_NAME
+from nmo.controller.ledger import LEDGER_NAME
 from nmo_sandbox import Sandbox
 from nmo_sandbox.identity import Identity, apply_chart_identity, apply_manifest
 

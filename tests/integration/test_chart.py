@@ -46,9 +46,9 @@ from operator_fixtures import CURRENT, Operator, free_port, wait_for
 
 from nmo.api import constants as c
 from nmo.api.constants import Messages
-from nmo.core.budget import LEDGER_NAME
-from nmo.core.lease import FIELD_MANAGER
-from nmo.core.maintenance import node as nodeplan
+from nmo.controller.leaseholder import FIELD_MANAGER
+from nmo.controller.ledger import LEDGER_NAME
+from nmo.core.maintenance import nodepatch
 from nmo.core.maintenance.lease import format_micro
 from nmo_sandbox import Sandbox
 from nmo_sandbox.process import run_command
@@ -609,7 +609,7 @@ async def test_node_policy_lets_nmo_change_only_its_marks(
 ) -> None:
     """The ValidatingAdmissionPolicy (nodePolicy) on the real apiserver, as nmo's account.
 
-    nmo's own enter and leave patches (nmo.core.maintenance.node) pass; every
+    nmo's own enter and leave patches (nmo.core.maintenance.nodepatch) pass; every
     other change of the Node by that account is refused, though RBAC alone
     allows it (shown with the policy off); the admin is never limited.
     """
@@ -660,14 +660,14 @@ async def test_node_policy_lets_nmo_change_only_its_marks(
     # nmo's real patches: into maintenance (with its prior-state record on the
     # node) and out of it (the record removed), the admin's marks kept.
     entered = await patch_node_as_nmo(
-        kube, node, nodeplan.enter_patch(after, record_for="uid-of-the-cr") or []
+        kube, node, nodepatch.enter_patch(after, record_for="uid-of-the-cr") or []
     )
     assert entered.status_code == 200, entered.text
     inside = entered.json()
-    assert nodeplan.in_maintenance(inside)
-    prior = nodeplan.prior_for(inside, "uid-of-the-cr")
+    assert nodepatch.in_maintenance(inside)
+    prior = nodepatch.prior_for(inside, "uid-of-the-cr")
     assert prior is not None
-    undo = nodeplan.leave_patch(inside, prior, forget=True) or []
+    undo = nodepatch.leave_patch(inside, prior, forget=True) or []
     left = await patch_node_as_nmo(kube, node, undo)
     assert left.status_code == 200, left.text
     restored = left.json()

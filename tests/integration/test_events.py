@@ -20,8 +20,8 @@ from objects import NM, Api, uid
 from operator_fixtures import Operator, wait_for
 
 from nmo.api import constants as c
-from nmo.core.events import EventRecorder
-from nmo.core.kube import Kube
+from nmo.controller.recorder import EventRecorder
+from nmo.kube.client import Kube
 from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration

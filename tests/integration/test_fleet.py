@@ -25,8 +25,8 @@ from chart_identity import RELEASE_NAMESPACE, Identity, reset_leader_leases
 from objects import NM, Api
 from operator_fixtures import CURRENT, Operator, probe_synced, wait_for, wait_until_up
 
-from nmo.core.budget import ANNOTATION as LEDGER_ANNOTATION
-from nmo.core.budget import LEDGER_NAME
+from nmo.controller.ledger import ANNOTATION as LEDGER_ANNOTATION
+from nmo.controller.ledger import LEDGER_NAME
 from nmo_sandbox import Sandbox
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]

@@ -120,8 +120,8 @@ modules = [m.name for m in pkgutil.walk_packages(nmo.__path__, "nmo.")
 for name in modules:
     importlib.import_module(name)
 tmp = temporary_directory()
-from nmo.webhooks.servers import private_dir
-from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+from nmo.server.servers import private_dir
+from nmo.server.tls import ReloadingCertificate, write_self_signed
 cert_dir = private_dir("nmo-metrics-cert-")
 write_self_signed(cert_dir, ["localhost"])
 ReloadingCertificate(cert_dir).load()  # the metrics server's start

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from nmo.controller.notifier import MAX_ANSWER_BODY, Notifier, NotifySettings, shown
 from nmo.core.maintenance.notifications import Kind, Notification
-from nmo.core.metrics import Metrics
-from nmo.core.notify import MAX_ANSWER_BODY, Notifier, NotifySettings, shown
+from nmo.telemetry.metrics import Metrics
 
 pytestmark = pytest.mark.integration
 

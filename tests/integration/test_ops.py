@@ -23,9 +23,9 @@ import pytest
 from objects import LEASES, NM, Api, pdb, pod_spec, uid, usable_namespace
 from operator_fixtures import CURRENT, Operator, wait_for
 
-from nmo.core.errors import Conflict
-from nmo.core.kube import Kube
-from nmo.ops import cleanup as cl
+from nmo.kube.client import Kube
+from nmo.kube.errors import Conflict
+from nmo.ops import cleanup
 from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
@@ -551,10 +551,10 @@ async def test_cleanup_never_deletes_a_cr_recreated_under_the_same_name(
     kube = await Kube.connect(kubeconfig=str(sandbox.kubeconfig))
     try:
         first = await api.create(NM, body)
-        seen = await cl.observe(
+        seen = await cleanup.observe(
             kube, target, lease_namespace="medik8s-leases", operator_namespace=OPERATOR_NS
         )
-        plan = cl.plan_cleanup(
+        plan = cleanup.plan_cleanup(
             target,
             node=seen.node,
             maintenances=seen.maintenances,
@@ -566,7 +566,7 @@ async def test_cleanup_never_deletes_a_cr_recreated_under_the_same_name(
         await remove_nm(api, name)
         second = await api.create(NM, body)
         with pytest.raises(Conflict):
-            await cl.execute(kube, plan, lease_namespace="medik8s-leases")
+            await cleanup.execute(kube, plan, lease_namespace="medik8s-leases")
         still = await api.nm(name)
         assert still is not None and still["metadata"]["uid"] == second["metadata"]["uid"]
     finally:

@@ -29,8 +29,8 @@ from nmo.api.constants import (
     Messages,
 )
 from nmo.api.crd import crd
-from nmo.core.kube import Kube
-from nmo.core.watch import Informer
+from nmo.kube.client import Kube
+from nmo.kube.informer import Informer
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
 from nmo.webhooks.validators import POD_DELETION_WARNING, validate_create
 from nmo_sandbox import Sandbox

@@ -48,12 +48,12 @@ from operator_fixtures import wait_for as until
 
 from nmo.api import constants as c
 from nmo.api.crd import crd
-from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
-from nmo.core.watch import Informer
-from nmo.webhooks.intake import MAX_BODY_BYTES
+from nmo.kube.client import Kube
+from nmo.kube.informer import Informer
+from nmo.server.intake import MAX_BODY_BYTES
+from nmo.server.servers import Servers, ServerSettings
+from nmo.telemetry.metrics import Metrics
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, build_lookups
-from nmo.webhooks.servers import Servers, ServerSettings
 from nmo_sandbox import Sandbox
 
 pytestmark = pytest.mark.integration

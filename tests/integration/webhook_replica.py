@@ -13,11 +13,11 @@ from pathlib import Path
 from chart_identity import chart_identity
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
-from nmo.core.watch import Informer
+from nmo.kube.client import Kube
+from nmo.kube.informer import Informer
+from nmo.server.servers import Servers, ServerSettings
+from nmo.telemetry.metrics import Metrics
 from nmo.webhooks.lookups import MAINTENANCES_PATH, NODES_PATH, LookupSettings, build_lookups
-from nmo.webhooks.servers import Servers, ServerSettings
 from nmo_sandbox import Sandbox
 
 

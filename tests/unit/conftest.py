@@ -1,6 +1,6 @@
 """Shared fixtures for unit tests: respx standing in for the kube-apiserver.
 
-kr8s (and so nmo's :class:`~nmo.core.kube.Kube`) talks httpx; respx
+kr8s (and so nmo's :class:`~nmo.kube.client.Kube`) talks httpx; respx
 intercepts it. The kubeconfig is a dict so a developer's ~/.kube/config is
 never read, and kr8s's per-loop client cache is cleared around each test.
 """
@@ -13,7 +13,7 @@ import kr8s
 import pytest
 import respx
 
-from nmo.core.kube import Kube, RetryPolicy
+from nmo.kube.client import Kube, RetryPolicy
 
 SERVER = "https://k8s.test:6443"
 KUBECONFIG = {

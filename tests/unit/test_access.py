@@ -7,8 +7,8 @@ import json
 import httpx
 import respx
 
-from nmo.core.access import REVIEWS_PATH, Access
-from nmo.core.kube import Kube
+from nmo.kube.access import REVIEWS_PATH, Access
+from nmo.kube.client import Kube
 
 
 class Clock:

@@ -14,9 +14,9 @@ import pytest
 import respx
 
 from nmo.api.names import is_valid_name, name_error
-from nmo.core.errors import InvalidName, NotFound
-from nmo.core.kube import Kube, api_path, node_path
-from nmo.core.reconciler import Reconciler
+from nmo.controller.reconciler import Reconciler
+from nmo.kube.client import Kube, api_path, node_path
+from nmo.kube.errors import InvalidName, NotFound
 
 CRAFTED = [
     "x/../../../api/v1/namespaces/kube-system/secrets/token",

@@ -1,6 +1,6 @@
 """The fleet budget and the maintenance window as tables (pure; injected clock).
 
-:func:`nmo.core.maintenance.budget.decide` is a function of the ledger, the
+:func:`nmo.core.maintenance.admission.decide` is a function of the ledger, the
 queue, the nodes, the settings and now. The matrix crosses the budget's
 two limits with the fleet's state and checks the invariants: never more
 admitted than ``--max-parallel-maintenances``, never more unavailable nodes
@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core import budget as ledger
-from nmo.core.errors import Forbidden, Invalid, KubeError, NotFound, Transient
-from nmo.core.maintenance import budget as b
-from nmo.core.maintenance import planner
+from nmo.controller import ledger
+from nmo.core.maintenance import admission, planner
 from nmo.core.maintenance.observed import Observed, Recall, Work
+from nmo.kube.errors import Forbidden, Invalid, KubeError, NotFound, Transient
 
 Obj = dict[str, Any]
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # a Tuesday
@@ -54,12 +53,12 @@ NODES = 10
 def test_budget_matrix(
     max_parallel: int, max_unavailable: str, admitted: int, down: int, queued: int
 ) -> None:
-    settings = b.BudgetSettings(max_parallel=max_parallel, max_unavailable=max_unavailable)
+    settings = admission.BudgetSettings(max_parallel=max_parallel, max_unavailable=max_unavailable)
     nodes = {f"n{i}": node(ready=not (NODES - down <= i)) for i in range(NODES)}
     ledger = {f"a{i}": f"n{i}" for i in range(admitted)}  # admitted on n0..
     queue = [nm(f"q{i}", f"n{admitted + i}", created=i) for i in range(queued)]
-    fleet = b.fleet(ledger, queue, nodes)
-    decisions = [b.decide(q, fleet, settings, NOW) for q in queue]
+    fleet = admission.fleet(ledger, queue, nodes)
+    decisions = [admission.decide(q, fleet, settings, NOW) for q in queue]
     admits = [d.admit for d in decisions]
     # Strict FIFO: only the head of the queue may start; the others follow it.
     assert not any(admits[1:])
@@ -68,64 +67,70 @@ def test_budget_matrix(
         assert admitted + n_admit <= max(admitted, max_parallel)
     cap = settings.unavailable_cap(NODES)
     if cap is not None:
-        out = set(ledger.values()) | {n for n, o in nodes.items() if b.unavailable(o)}
+        out = set(ledger.values()) | {n for n, o in nodes.items() if admission.unavailable(o)}
         for q, ok in zip(queue, admits, strict=True):
             if ok and q.spec.node_name not in out:
                 out.add(q.spec.node_name)
         assert len(out) <= max(cap, len(set(ledger.values()) | fleet.unavailable_nodes))
     if not max_parallel and cap is None:
         assert admits[0]
-        assert all(d.reason == b.REASON_ORDER for d in decisions[1:])
+        assert all(d.reason == admission.REASON_ORDER for d in decisions[1:])
     for position, d in enumerate(decisions, 1):
         if not d.admit:
             assert d.position == position and d.queued == queued
-            assert d.reason in (b.REASON_BUDGET, b.REASON_UNAVAILABLE, b.REASON_ORDER)
-            if d.reason == b.REASON_ORDER:
+            assert d.reason in (
+                admission.REASON_BUDGET,
+                admission.REASON_UNAVAILABLE,
+                admission.REASON_ORDER,
+            )
+            if d.reason == admission.REASON_ORDER:
                 assert position > 1
             assert d.message.startswith(f"position {position} of {queued} in the queue: ")
 
 
 def test_budget_messages() -> None:
-    settings = b.BudgetSettings(max_parallel=2)
-    fleet = b.fleet({"a": "n1", "b": "n2"}, [nm("q1", "n3", 1), nm("q2", "n4", 2)], {})
-    d = b.decide(nm("q2", "n4", 2), fleet, settings, NOW)
+    settings = admission.BudgetSettings(max_parallel=2)
+    fleet = admission.fleet({"a": "n1", "b": "n2"}, [nm("q1", "n3", 1), nm("q2", "n4", 2)], {})
+    d = admission.decide(nm("q2", "n4", 2), fleet, settings, NOW)
     assert (d.admit, d.reason) == (False, "BudgetExhausted")
     assert d.message == (
         "position 2 of 2 in the queue: 2 of 2 maintenances running (--max-parallel-maintenances)"
     )
-    settings = b.BudgetSettings(max_unavailable="20%")
+    settings = admission.BudgetSettings(max_unavailable="20%")
     nodes = {f"n{i}": node(cordoned=i == 0) for i in range(10)}
-    fleet = b.fleet({"a": "n1"}, [nm("q", "n5")], nodes)
-    d = b.decide(nm("q", "n5"), fleet, settings, NOW)
+    fleet = admission.fleet({"a": "n1"}, [nm("q", "n5")], nodes)
+    d = admission.decide(nm("q", "n5"), fleet, settings, NOW)
     assert d.message == (
         "position 1 of 1 in the queue: 2 of 2 nodes unavailable (--max-unavailable 20%)"
     )
 
 
 def test_a_node_already_out_does_not_use_an_unavailability_slot() -> None:
-    settings = b.BudgetSettings(max_unavailable="1")
+    settings = admission.BudgetSettings(max_unavailable="1")
     nodes = {"n0": node(cordoned=True), "n1": node()}
-    fleet = b.fleet({}, [nm("q", "n0")], nodes)
-    assert b.decide(nm("q", "n0"), fleet, settings, NOW).admit
-    assert not b.decide(nm("r", "n1"), b.fleet({}, [nm("r", "n1")], nodes), settings, NOW).admit
+    fleet = admission.fleet({}, [nm("q", "n0")], nodes)
+    assert admission.decide(nm("q", "n0"), fleet, settings, NOW).admit
+    assert not admission.decide(
+        nm("r", "n1"), admission.fleet({}, [nm("r", "n1")], nodes), settings, NOW
+    ).admit
 
 
 @pytest.mark.parametrize(
     ("text", "total", "cap"), [("3", 10, 3), ("20%", 10, 2), ("25%", 10, 3), ("1%", 10, 1)]
 )
 def test_unavailable_cap_rounds_up(text: str, total: int, cap: int) -> None:
-    assert b.BudgetSettings(max_unavailable=text).unavailable_cap(total) == cap
+    assert admission.BudgetSettings(max_unavailable=text).unavailable_cap(total) == cap
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "0%", "150%", "two", ""])
 def test_bad_max_unavailable(text: str) -> None:
     with pytest.raises(ValueError, match="invalid --max-unavailable"):
-        b.parse_max_unavailable(text)
+        admission.parse_max_unavailable(text)
 
 
 # -- the window, with an injected clock ------------------------------------------------
 
-BERLIN_NIGHT = b.parse_window("Mon-Fri", "22:00", "06:00", "Europe/Berlin")
+BERLIN_NIGHT = admission.parse_window("Mon-Fri", "22:00", "06:00", "Europe/Berlin")
 
 
 @pytest.mark.parametrize(
@@ -146,8 +151,8 @@ def test_window_open(now: datetime, is_open: bool) -> None:
 def test_window_next_open_and_queued_reason() -> None:
     now = datetime(2026, 12, 5, 12, tzinfo=UTC)  # Saturday noon
     assert BERLIN_NIGHT.next_open(now) == datetime(2026, 12, 7, 21, tzinfo=UTC)  # Mon 22:00
-    settings = b.BudgetSettings(window=BERLIN_NIGHT)
-    d = b.decide(nm("q", "n1"), b.fleet({}, [nm("q", "n1")], {}), settings, now)
+    settings = admission.BudgetSettings(window=BERLIN_NIGHT)
+    d = admission.decide(nm("q", "n1"), admission.fleet({}, [nm("q", "n1")], {}), settings, now)
     assert (d.admit, d.reason) == (False, "OutsideWindow")
     assert d.message == (
         "position 1 of 1 in the queue: outside the maintenance window "
@@ -156,8 +161,12 @@ def test_window_next_open_and_queued_reason() -> None:
     assert d.retry_after == (datetime(2026, 12, 7, 21, tzinfo=UTC) - now).total_seconds()
     # Inside the window the budget decides as usual; an admitted CR is never held back.
     inside = datetime(2026, 12, 7, 22, tzinfo=UTC)
-    assert b.decide(nm("q", "n1"), b.fleet({}, [nm("q", "n1")], {}), settings, inside).admit
-    assert b.decide(nm("q", "n1"), b.fleet({"q": "n1"}, [], {}), settings, now).admit
+    assert admission.decide(
+        nm("q", "n1"), admission.fleet({}, [nm("q", "n1")], {}), settings, inside
+    ).admit
+    assert admission.decide(
+        nm("q", "n1"), admission.fleet({"q": "n1"}, [], {}), settings, now
+    ).admit
 
 
 @pytest.mark.parametrize(
@@ -172,18 +181,18 @@ def test_window_next_open_and_queued_reason() -> None:
 )
 def test_bad_windows(days: str, start: str, end: str, tz: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        b.parse_window(days, start, end, tz)
+        admission.parse_window(days, start, end, tz)
 
 
 def test_day_ranges_wrap() -> None:
-    assert b.parse_days("Fri-Mon") == frozenset({4, 5, 6, 0})
-    assert b.parse_days("sat, Sun") == frozenset({5, 6})
+    assert admission.parse_days("Fri-Mon") == frozenset({4, 5, 6, 0})
+    assert admission.parse_days("sat, Sun") == frozenset({5, 6})
 
 
 # -- the planner with an admission -------------------------------------------------------
 
 
-def observed(cr: NodeMaintenance, admission: b.Admission) -> Observed:
+def observed(cr: NodeMaintenance, admission: admission.Admission) -> Observed:
     return Observed(
         nm=cr,
         others=(),
@@ -199,7 +208,9 @@ def observed(cr: NodeMaintenance, admission: b.Admission) -> Observed:
 
 
 def test_a_queued_cr_is_pending_and_nothing_else_happens() -> None:
-    wait = b.Admission(False, b.REASON_BUDGET, "position 1 of 1 in the queue: ...", 1, 1)
+    wait = admission.Admission(
+        False, admission.REASON_BUDGET, "position 1 of 1 in the queue: ...", 1, 1
+    )
     plan = planner.plan(observed(nm("q", "n1"), wait))
     assert plan.work is Work.QUEUED and plan.metadata is None and plan.node_patch is None
     assert plan.evict == () and plan.events == () and plan.lease.value == "none"
@@ -210,7 +221,9 @@ def test_a_queued_cr_is_pending_and_nothing_else_happens() -> None:
 
 
 def test_an_admitted_cr_starts_and_says_so() -> None:
-    plan = planner.plan(observed(nm("q", "n1"), b.Admission(True, b.REASON_ADMITTED, "admitted")))
+    plan = planner.plan(
+        observed(nm("q", "n1"), admission.Admission(True, admission.REASON_ADMITTED, "admitted"))
+    )
     assert plan.work is Work.RUN and plan.metadata is not None
     assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED  # no pods
     queued = [x for x in plan.status.conditions or [] if x.type == "Queued"]
@@ -219,10 +232,10 @@ def test_an_admitted_cr_starts_and_says_so() -> None:
 
 def test_an_admitted_cr_not_yet_running_is_not_ahead_in_the_queue() -> None:
     """The ledger admitted q1; its status still says nothing: q2 is the head now."""
-    settings = b.BudgetSettings(max_parallel=2)
+    settings = admission.BudgetSettings(max_parallel=2)
     q1, q2 = nm("q1", "n1", 1), nm("q2", "n2", 2)
-    fleet = b.fleet({"q1": "n1"}, [q1, q2], {})
-    assert b.decide(q2, fleet, settings, NOW).admit
+    fleet = admission.fleet({"q1": "n1"}, [q1, q2], {})
+    assert admission.decide(q2, fleet, settings, NOW).admit
 
 
 @pytest.mark.parametrize(

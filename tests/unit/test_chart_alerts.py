@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nmo.core.metrics import Metrics
+from nmo.telemetry.metrics import Metrics
 from nmo_sandbox.binaries import find_binaries
 
 ROOT = Path(__file__).resolve().parents[2]

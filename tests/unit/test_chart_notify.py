@@ -11,7 +11,7 @@ import pytest
 from test_chart_alerts import METRICS_DOC, ROOT, helm_env, manager_args, of_kind, render, template
 
 from nmo.core.maintenance.notifications import VERSION, Kind, Notification
-from nmo.core.metrics import Metrics
+from nmo.telemetry.metrics import Metrics
 
 INSTALL_DOC = ROOT / "docs" / "install.md"
 

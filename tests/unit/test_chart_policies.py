@@ -23,7 +23,7 @@ import yaml
 from test_chart_alerts import CHART, ROOT, helm_env, of_kind, render, template
 
 from nmo.api import constants as c
-from nmo.core.budget import LEDGER_NAME
+from nmo.controller.ledger import LEDGER_NAME
 
 __all__ = ["helm_env"]  # the fixture, shared
 

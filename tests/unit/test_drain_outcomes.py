@@ -15,11 +15,11 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.drain import Evictor
-from nmo.core.kube import Kube
+from nmo.controller.evictor import Evictor
+from nmo.controller.memory import Memory
 from nmo.core.maintenance.drainstate import Survey, survey
-from nmo.core.memory import Memory
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube
+from nmo.telemetry.metrics import Metrics
 
 
 def pod(name: str, uid: str = "u1") -> dict[str, Any]:

@@ -17,13 +17,12 @@ import pytest
 
 from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, NodeMaintenance, OnTimeout, Phase
-from nmo.core.maintenance import drainplan, planner
-from nmo.core.maintenance import transitions as status
+from nmo.core.maintenance import drainplan, planner, transitions
 from nmo.core.maintenance.drainplan import Deadline, deadline_of, plan_drain
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
-from nmo.core.maintenance.node import PriorState
+from nmo.core.maintenance.nodepatch import PriorState
 from nmo.core.maintenance.observed import LeaseStep, Observed, Recall, Work
-from nmo.core.maintenance.pods import every_namespace, grace_seconds, order_key, select_pods
+from nmo.core.maintenance.podselect import every_namespace, grace_seconds, order_key, select_pods
 
 ALL = every_namespace  # these tables test the pod rules themselves
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -368,13 +367,13 @@ def test_deadline_sources(
 def test_with_condition_moves_transition_time_only_on_status_change() -> None:
     s0 = nm().status
     t1, t2, t3 = NOW, NOW + timedelta(seconds=5), NOW + timedelta(seconds=9)
-    s1 = status.with_condition(
+    s1 = transitions.with_condition(
         s0, type_="Drained", state=ConditionStatus.FALSE, reason="Draining", message="", now=t1
     )
-    s2 = status.with_condition(
+    s2 = transitions.with_condition(
         s1, type_="Drained", state=ConditionStatus.FALSE, reason="Blocked", message="x", now=t2
     )
-    s3 = status.with_condition(
+    s3 = transitions.with_condition(
         s2, type_="Drained", state=ConditionStatus.TRUE, reason="Drained", message="", now=t3
     )
     times = [x.conditions[0].last_transition_time for x in (s1, s2, s3) if x.conditions]

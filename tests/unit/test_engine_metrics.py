@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import respx
 
-from nmo.core.engine import Engine, EngineSettings
-from nmo.core.errors import Conflict, Transient
-from nmo.core.kube import Kube
+from nmo.controller.engine import Engine, EngineSettings
 from nmo.core.maintenance.observed import DONE, Result
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube
+from nmo.kube.errors import Conflict, Transient
+from nmo.telemetry.metrics import Metrics
 
 CTRL = {"controller": "nodemaintenance"}
 

@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import respx
 
-from nmo.core.engine import Engine, EngineSettings
-from nmo.core.kube import Kube
+from nmo.controller.engine import Engine, EngineSettings
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube
+from nmo.telemetry.metrics import Metrics
 
 
 def _engine(kube: Kube) -> Engine:

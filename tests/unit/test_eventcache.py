@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from nmo.core.eventcache import (
+from nmo.controller.correlator import (
     AGGREGATE_INTERVAL,
     COMBINED_PREFIX,
     SPAM_BURST,
     EventCorrelator,
     Lru,
 )
-from nmo.core.events import build_event
+from nmo.controller.recorder import build_event
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 NM = {

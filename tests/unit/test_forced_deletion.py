@@ -20,12 +20,12 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.access import REVIEWS_PATH, Access
-from nmo.core.drain import Evictor
-from nmo.core.kube import Kube
+from nmo.controller.evictor import Evictor
+from nmo.controller.memory import Memory
 from nmo.core.maintenance.drainstate import survey
-from nmo.core.memory import Memory
-from nmo.core.metrics import Metrics
+from nmo.kube.access import REVIEWS_PATH, Access
+from nmo.kube.client import Kube
+from nmo.telemetry.metrics import Metrics
 
 FORBIDDEN = httpx.Response(
     403,

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from nmo.api import constants as c
-from nmo.cli import build_parser, goflags, main, server_settings, settings_from
-from nmo.cli import manager as manager_cli
+from nmo.cli import build_parser, goflags, main, manager, server_settings, settings_from
 from nmo.cli.defaults import leader_election_namespace, webhook_cert_dir
 from nmo.cli.goflags import BindAddress, GoFlagError, ZapOptions, log_choice, normalize
-from nmo.core.logsetup import JsonFormatter
-from nmo.webhooks.servers import bind
+from nmo.server.servers import bind
+from nmo.telemetry.logsetup import JsonFormatter
 
 # What the Go NMO's manifests pass to /manager, verbatim: its CSV
 # (bundle/manifests/) and config/default/manager_ports_patch.yaml,
@@ -314,10 +313,10 @@ def test_zap_time_encodings_of_json_logs(encoding: str | None, ts: object) -> No
 
 
 def test_manager_is_nmo_run_with_the_go_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert manager_cli.main(["--zap-log-level=verbose"]) == 2  # parsed as nmo run's
+    assert manager.main(["--zap-log-level=verbose"]) == 2  # parsed as nmo run's
     assert 'invalid log level "verbose"' in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        manager_cli.main(["--help"])
+        manager.main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--health-probe-bind-address" in out and "--leader-elect" in out
@@ -397,7 +396,7 @@ def test_a_read_only_root_filesystem_keeps_the_metrics_certificate_in_shared_mem
     who may write anywhere, so the unusable temporary directory is a file."""
     import tempfile
 
-    from nmo.webhooks.servers import private_dir
+    from nmo.server.servers import private_dir
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
@@ -420,7 +419,7 @@ def test_without_a_writable_temporary_directory_certificates_load_from_shared_me
     import tempfile
 
     from nmo.cli.defaults import temporary_directory
-    from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+    from nmo.server.tls import ReloadingCertificate, write_self_signed
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
@@ -539,7 +538,7 @@ def test_the_default_bind_address_is_every_interface_of_both_families() -> None:
 
 
 def test_the_webhook_url_in_the_log_brackets_ipv6() -> None:
-    from nmo.webhooks.servers import url_host
+    from nmo.server.servers import url_host
 
     assert url_host("::1") == "[::1]"
     assert url_host("127.0.0.1") == "127.0.0.1"

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.errors import AlreadyExists, Conflict, Forbidden, NotFound, TooManyRequests, Transient
-from nmo.core.kube import Kube, RetryPolicy, _widen_pool, api_path, parse_retry_after
+from nmo.kube.client import Kube, RetryPolicy, _widen_pool, api_path, parse_retry_after
+from nmo.kube.errors import AlreadyExists, Conflict, Forbidden, NotFound, TooManyRequests, Transient
 
 NODE = "/api/v1/nodes/n1"
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.errors import NotFound, Transient
-from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube
+from nmo.kube.errors import NotFound, Transient
+from nmo.telemetry.metrics import Metrics
 
 NODE = "/api/v1/nodes/n1"
 HOST = "k8s.test:6443"

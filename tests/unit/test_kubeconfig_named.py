@@ -20,8 +20,8 @@ from conftest import KUBECONFIG
 
 from nmo import cli
 from nmo.cli import plugin
-from nmo.core.errors import KubeconfigError
-from nmo.core.kube import Kube, check_kubeconfig
+from nmo.kube.client import Kube, check_kubeconfig
+from nmo.kube.errors import KubeconfigError
 
 # Every command that connects, as its user types it (the plugin takes --kubeconfig
 # before or after the subcommand; after, here).

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.kube import Kube
-from nmo.core.leader import LeaderElector, LeaderSettings, LeadershipLost
+from nmo.controller.leader import LeaderElector, LeaderSettings, LeadershipLost
+from nmo.kube.client import Kube
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/nmo/leases"
 SETTINGS = LeaderSettings(

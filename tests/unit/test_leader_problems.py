@@ -20,9 +20,9 @@ import httpx
 import pytest
 import respx
 
-from nmo.core import leader
-from nmo.core.kube import Kube
-from nmo.core.leader import LeaderElector, LeaderSettings
+from nmo.controller import leader
+from nmo.controller.leader import LeaderElector, LeaderSettings
+from nmo.kube.client import Kube
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/nmo/leases"
 SETTINGS = LeaderSettings(namespace="nmo", name="135b1886.medik8s.io", identity="me")

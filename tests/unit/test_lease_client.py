@@ -8,9 +8,9 @@ import httpx
 import pytest
 import respx
 
-from nmo.core.kube import Kube
-from nmo.core.lease import FIELD_MANAGER, LeaseClient, LeaseHeldError
+from nmo.controller.leaseholder import FIELD_MANAGER, LeaseClient, LeaseHeldError
 from nmo.core.maintenance.lease import Action, format_micro
+from nmo.kube.client import Kube
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"
 NODE = {"metadata": {"name": "n1", "uid": "u1"}}

@@ -17,11 +17,11 @@ from test_webhook_intake import review
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.errors import Transient
-from nmo.core.logsetup import JsonFormatter, TextFormatter, printable
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import create_webhook_app
-from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
+from nmo.kube.errors import Transient
+from nmo.server.app import create_webhook_app
+from nmo.server.metricsauth import AuthRejected, MetricsAuth
+from nmo.telemetry.logsetup import JsonFormatter, TextFormatter, printable
+from nmo.telemetry.metrics import Metrics
 
 FORGED = "12:00:00.000 INFO    nmo.webhooks: maintenance CREATE for node n9 allowed"
 

@@ -18,12 +18,12 @@ import pytest
 import respx
 
 from nmo.api import constants as c
-from nmo.core.engine import Engine, EngineSettings
-from nmo.core.kube import Kube
-from nmo.core.lease import LeaseClient, LeaseLost
+from nmo.controller.engine import Engine, EngineSettings
+from nmo.controller.leaseholder import LeaseClient, LeaseLost
+from nmo.controller.memory import Memories
 from nmo.core.maintenance.lease import build_lease
-from nmo.core.memory import Memories
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube
+from nmo.telemetry.metrics import Metrics
 
 NM_LIST = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from nmo.api import constants as c
-from nmo.core.maintenance import node as nodeplan
+from nmo.core.maintenance import nodepatch
 
 UNSCHED = {"key": c.UNSCHEDULABLE_TAINT_KEY, "effect": "NoSchedule"}
 DRAIN = {"key": c.DRAIN_TAINT_KEY, "effect": "NoSchedule"}
@@ -58,16 +58,18 @@ def node(
     ],
 )
 def test_enter_then_leave_restores_prior_state(before: dict[str, Any]) -> None:
-    prior = nodeplan.prior_state(before)
-    ops = nodeplan.enter_patch(before)
+    prior = nodepatch.prior_state(before)
+    ops = nodepatch.enter_patch(before)
     assert ops is not None
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
     during = apply_patch(before, ops)
-    assert nodeplan.in_maintenance(during)
-    assert nodeplan.enter_patch(during) is None
+    assert nodepatch.in_maintenance(during)
+    assert nodepatch.enter_patch(during) is None
     for t in before["spec"].get("taints", []):
         assert t in during["spec"]["taints"], "a pre-existing taint was lost"
-    back = nodeplan.leave_patch(during, nodeplan.PriorState.from_annotation(prior.to_annotation()))
+    back = nodepatch.leave_patch(
+        during, nodepatch.PriorState.from_annotation(prior.to_annotation())
+    )
     after = apply_patch(during, back) if back else during
     assert bool(after["spec"].get("unschedulable")) == bool(before["spec"].get("unschedulable"))
     assert sorted(map(str, after["spec"].get("taints", []))) == sorted(
@@ -82,28 +84,28 @@ def test_leave_without_prior_state_does_what_nmo_does() -> None:
         taints=[UNSCHED, DRAIN, OTHER],
         labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
     )
-    after = apply_patch(during, nodeplan.leave_patch(during, None) or [])
+    after = apply_patch(during, nodepatch.leave_patch(during, None) or [])
     assert after["spec"]["taints"] == [OTHER]
     assert after["spec"]["unschedulable"] is False
     assert after["metadata"]["labels"] == {}
-    assert nodeplan.restore(during, None).uncordon
+    assert nodepatch.restore(during, None).uncordon
 
 
 def test_previously_cordoned_node_is_not_uncordoned() -> None:
-    prior = nodeplan.PriorState(unschedulable=True)
+    prior = nodepatch.PriorState(unschedulable=True)
     during = node(unschedulable=True, taints=[UNSCHED, DRAIN])
-    after = apply_patch(during, nodeplan.leave_patch(during, prior) or [])
+    after = apply_patch(during, nodepatch.leave_patch(during, prior) or [])
     assert after["spec"]["unschedulable"] is True
-    assert not nodeplan.restore(during, prior).uncordon
+    assert not nodepatch.restore(during, prior).uncordon
 
 
 def test_nothing_to_undo_gives_no_patch() -> None:
-    assert nodeplan.leave_patch(node(taints=[OTHER]), nodeplan.PriorState()) is None
+    assert nodepatch.leave_patch(node(taints=[OTHER]), nodepatch.PriorState()) is None
 
 
 @pytest.mark.parametrize("value", [None, "", "not json", "[]"])
 def test_bad_prior_annotation_is_ignored(value: str | None) -> None:
-    assert nodeplan.PriorState.from_annotation(value) is None
+    assert nodepatch.PriorState.from_annotation(value) is None
 
 
 @pytest.mark.parametrize(
@@ -117,20 +119,20 @@ def test_bad_prior_annotation_is_ignored(value: str | None) -> None:
 )
 def test_the_first_take_records_the_node_on_the_node(before: dict[str, Any]) -> None:
     """The record rides in the patch that first changes the node, bound to the CR."""
-    during = apply_patch(before, nodeplan.enter_patch(before, record_for="uid-a") or [])
-    assert nodeplan.in_maintenance(during)
-    prior = nodeplan.prior_for(during, "uid-a")
-    assert prior == nodeplan.PriorState(
-        unschedulable=nodeplan.is_cordoned(before),
-        taints=nodeplan.prior_state(before).taints,
-        label=nodeplan.has_label(before),
+    during = apply_patch(before, nodepatch.enter_patch(before, record_for="uid-a") or [])
+    assert nodepatch.in_maintenance(during)
+    prior = nodepatch.prior_for(during, "uid-a")
+    assert prior == nodepatch.PriorState(
+        unschedulable=nodepatch.is_cordoned(before),
+        taints=nodepatch.prior_state(before).taints,
+        label=nodepatch.has_label(before),
         maintenance="uid-a",
     )
-    assert nodeplan.prior_for(during, "uid-b") is None, "bound to the CR that took the node"
-    assert nodeplan.enter_patch(during, record_for="uid-a") is None, "recorded once"
-    kept = apply_patch(during, nodeplan.leave_patch(during, prior) or [])
-    assert nodeplan.prior_for(kept, "uid-a") == prior, "a Failed CR keeps its record"
-    after = apply_patch(during, nodeplan.leave_patch(during, prior, forget=True) or [])
-    assert nodeplan.recorded_prior(after) is None
+    assert nodepatch.prior_for(during, "uid-b") is None, "bound to the CR that took the node"
+    assert nodepatch.enter_patch(during, record_for="uid-a") is None, "recorded once"
+    kept = apply_patch(during, nodepatch.leave_patch(during, prior) or [])
+    assert nodepatch.prior_for(kept, "uid-a") == prior, "a Failed CR keeps its record"
+    after = apply_patch(during, nodepatch.leave_patch(during, prior, forget=True) or [])
+    assert nodepatch.recorded_prior(after) is None
     assert after["spec"].get("taints", []) == before["spec"].get("taints", [])
-    assert bool(after["spec"].get("unschedulable")) == nodeplan.is_cordoned(before)
+    assert bool(after["spec"].get("unschedulable")) == nodepatch.is_cordoned(before)

@@ -16,9 +16,16 @@ import pytest
 import respx
 
 from nmo import __version__
+from nmo.controller.notifier import (
+    Notifier,
+    NotifySettings,
+    answered,
+    check_url,
+    retry_after,
+    shown,
+)
 from nmo.core.maintenance.notifications import Kind, Notification
-from nmo.core.metrics import Metrics
-from nmo.core.notify import Notifier, NotifySettings, answered, check_url, retry_after, shown
+from nmo.telemetry.metrics import Metrics
 
 URL = "http://receiver.test/hooks/nmo"
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

@@ -15,11 +15,11 @@ import respx
 from nmo import cli
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
-from nmo.core.engine import Engine, EngineSettings
-from nmo.core.kube import Kube
+from nmo.controller.engine import Engine, EngineSettings
+from nmo.controller.notifier import Notifier, NotifySettings
 from nmo.core.maintenance.observed import Emit, Observed, Plan, Recall
-from nmo.core.metrics import Metrics
-from nmo.core.notify import Notifier, NotifySettings
+from nmo.kube.client import Kube
+from nmo.telemetry.metrics import Metrics
 
 URL = "http://receiver.test/hooks/nmo"
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from nmo.api import constants as c
-from nmo.core.errors import NotFound
-from nmo.core.maintenance.node import PriorState
+from nmo.core.maintenance.nodepatch import PriorState
+from nmo.kube.errors import NotFound
 from nmo.ops.cleanup import (
     Plan,
     StepKind,

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import respx
 
-from nmo.core.kube import Kube
+from nmo.kube.client import Kube
 from nmo.ops.gather import Gatherer, GatherSettings
 
 PEM = (

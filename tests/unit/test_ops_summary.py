@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from nmo.api import constants as c
-from nmo.ops import summary as st
+from nmo.ops import summary
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -72,7 +72,7 @@ EVENTS = [
 
 
 def test_summary_is_stable_json() -> None:
-    s = st.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)
+    s = summary.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)
     assert list(s) == [
         "name", "node", "reason", "phase", "drainProgress", "deleting", "createdAt",
         "lastUpdate", "lastError", "totalPods", "evictionPods", "errorOnLeaseCount",
@@ -97,15 +97,15 @@ def test_summary_is_stable_json() -> None:
         "valid": True,
     }
     assert [e["reason"] for e in s["events"]] == ["BeginMaintenance", "UncordonNode"]
-    doc = st.document([s], NOW)
-    assert doc["schema"] == st.SCHEMA and doc["items"] == [s]
+    doc = summary.document([s], NOW)
+    assert doc["schema"] == summary.SCHEMA and doc["items"] == [s]
     json.dumps(doc)  # serializable as is
 
 
 def test_go_nmo_cr_falls_back_to_refs_and_no_lease() -> None:
     nm = running_nm()
     del nm["status"]["pendingPodsDetails"]
-    s = st.summarize(nm, lease=None, events=[], now=NOW)
+    s = summary.summarize(nm, lease=None, events=[], now=NOW)
     assert s["pendingPods"][0]["name"] == "db-0"
     assert s["pendingPods"][0]["reason"] is None
     assert s["lease"] is None
@@ -113,18 +113,18 @@ def test_go_nmo_cr_falls_back_to_refs_and_no_lease() -> None:
 
 def test_expired_lease_is_not_valid() -> None:
     lease = {**LEASE, "spec": {**LEASE["spec"], "renewTime": "2026-01-01T10:00:00.000000Z"}}
-    view = st.lease_view(lease, NOW)
+    view = summary.lease_view(lease, NOW)
     assert view is not None and view["valid"] is False
 
 
 def render_text(summaries: list[dict[str, Any]]) -> str:
     console = Console(record=True, width=160, color_system=None)
-    console.print(st.render(summaries, NOW))
+    console.print(summary.render(summaries, NOW))
     return console.export_text()
 
 
 def test_render_shows_why_pods_are_pending() -> None:
-    text = render_text([st.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)])
+    text = render_text([summary.summarize(running_nm(), lease=LEASE, events=EVENTS, now=NOW)])
     for expected in (
         "nodemaintenance/nm-1",
         "Running",
@@ -142,7 +142,7 @@ def test_render_shows_why_pods_are_pending() -> None:
 def test_render_succeeded_and_empty() -> None:
     nm = running_nm()
     nm["status"].update(phase="Succeeded", drainProgress=100, pendingPodsDetails=[], lastError="")
-    text = render_text([st.summarize(nm, lease=None, events=[], now=NOW)])
+    text = render_text([summary.summarize(nm, lease=None, events=[], now=NOW)])
     assert "Succeeded" in text and "100%" in text and "Pending pods" not in text
     assert "No NodeMaintenance found." in render_text([])
 
@@ -159,14 +159,14 @@ def test_cluster_strings_are_never_markup(text: str) -> None:
     nm["status"]["pendingPodsDetails"][0] |= {"reason": text, "message": text}
     events = [event(c.KIND, "nm-1", "BeginMaintenance", "2026-01-01T11:50:01Z") | {"message": text}]
     lease = {**LEASE, "spec": {**LEASE["spec"], "holderIdentity": text}}
-    summary = st.summarize(nm, lease=lease, events=events, now=NOW)
+    view = summary.summarize(nm, lease=lease, events=events, now=NOW)
     console = Console(width=400, force_terminal=True, color_system="truecolor")
     with console.capture() as captured:
-        console.print(st.render([summary], NOW))
+        console.print(summary.render([view], NOW))
     raw = captured.get()
     assert "\x1b]8;" not in raw  # no OSC 8 terminal hyperlink
     recorder = Console(record=True, width=400, color_system=None)
-    recorder.print(st.render([summary], NOW))
+    recorder.print(summary.render([view], NOW))
     plain = recorder.export_text()
     for field in ("Reason", "Last error"):
         line = next(x for x in plain.splitlines() if field in x)

@@ -18,10 +18,10 @@ import pytest
 
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.maintenance import planner
-from nmo.core.maintenance.budget import Admission
+from nmo.core.maintenance import planner, transitions
+from nmo.core.maintenance.admission import Admission
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
-from nmo.core.maintenance.node import PriorState, in_maintenance
+from nmo.core.maintenance.nodepatch import PriorState, in_maintenance
 from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Recall, Work
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -660,7 +660,7 @@ def test_a_running_maintenance_moves_last_update_once_a_minute(
     assert (plan.status is not None) is writes
     if plan.status is not None:
         assert plan.status.last_update == NOW
-        assert not planner.status.differs(obs.nm.status, plan.status), "only lastUpdate moves"
+        assert not transitions.differs(obs.nm.status, plan.status), "only lastUpdate moves"
     assert plan.result.requeue_after == pytest.approx(wait)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from nmo.cli.plugin import maintenance_body, parse_args, restored
-from nmo.core.selectors import format_selector, parse_selector, selector_matches
+from nmo.core.maintenance.selectors import format_selector, parse_selector, selector_matches
 
 
 @pytest.mark.parametrize(

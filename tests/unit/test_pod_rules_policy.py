@@ -16,7 +16,7 @@ from nmo.api.models import NodeMaintenance, OnTimeout
 from nmo.core.maintenance import planner
 from nmo.core.maintenance.drainplan import Deadline, deadline_of, plan_drain, timed_out_message
 from nmo.core.maintenance.observed import Recall
-from nmo.core.maintenance.pods import (
+from nmo.core.maintenance.podselect import (
     order_key,
     parse_namespaces,
     rules_from,
@@ -193,11 +193,11 @@ def test_at_a_capped_delete_deadline_pods_held_by_their_own_rule_are_deleted() -
 
 
 def test_the_preflight_mirrors_the_operators_default() -> None:
-    from nmo.ops import preflight as pf
+    from nmo.ops import preflight
 
     tenant = pod("t", labels=SKIP)
-    default = pf.preflight("n1", [tenant], [], no_ds)
+    default = preflight.preflight("n1", [tenant], [], no_ds)
     assert [p.name for p in default.evict] == ["t"] and default.skipped == ()
     assert any(w.startswith("ignoring the drain rules") for w in default.warnings)
-    allowed = pf.preflight("n1", [tenant], [], no_ds, pod_rules_namespaces={"app"})
+    allowed = preflight.preflight("n1", [tenant], [], no_ds, pod_rules_namespaces={"app"})
     assert allowed.evict == () and [p.name for p in allowed.skipped] == ["t"]

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from nmo.core.maintenance.pods import daemonset_owner, running_daemonset_owner, select_pods
+from nmo.core.maintenance.podselect import daemonset_owner, running_daemonset_owner, select_pods
 
 
 def pod(

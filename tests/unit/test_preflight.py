@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from nmo.core.maintenance.budgets import (
+from nmo.core.maintenance.disruption import (
     MAX_WARNING_CHARS,
     MAX_WARNINGS,
     budgets_for,
     disruption_warnings,
 )
-from nmo.ops import preflight as pf
+from nmo.ops import preflight
 
 Obj = dict[str, Any]
 RULE = "nodemaintenance.medik8s.io/drain"
@@ -81,13 +81,13 @@ def pdb(
     }
 
 
-def plan(pods: list[Obj], pdbs: list[Obj] | None = None, **kw: Any) -> pf.Preflight:
+def plan(pods: list[Obj], pdbs: list[Obj] | None = None, **kw: Any) -> preflight.Preflight:
     ds_exists = kw.pop("ds_exists", True)
     kw.setdefault("pod_rules_namespaces", {"*"})  # these tables test the pod rules
-    return pf.preflight("node-2", pods, pdbs or [], lambda _key: ds_exists, **kw)
+    return preflight.preflight("node-2", pods, pdbs or [], lambda _key: ds_exists, **kw)
 
 
-def keys(lines: tuple[pf.PodLine, ...]) -> list[str]:
+def keys(lines: tuple[preflight.PodLine, ...]) -> list[str]:
     return [x.key for x in lines]
 
 
@@ -100,7 +100,11 @@ def keys(lines: tuple[pf.PodLine, ...]) -> list[str]:
         pytest.param(pod("web-1"), {}, "evict", "", id="plain pod"),
         pytest.param(pod("bare", owner=None), {}, "evict", "", id="no controller"),
         pytest.param(
-            pod("agent", owner="DaemonSet/agent"), {}, "skipped", pf.Skip.DAEMONSET, id="daemonset"
+            pod("agent", owner="DaemonSet/agent"),
+            {},
+            "skipped",
+            preflight.Skip.DAEMONSET,
+            id="daemonset",
         ),
         pytest.param(
             pod("agent", owner="DaemonSet/gone"),
@@ -109,9 +113,9 @@ def keys(lines: tuple[pf.PodLine, ...]) -> list[str]:
             "",
             id="daemonset gone",
         ),
-        pytest.param(pod("static", mirror=True), {}, "skipped", pf.Skip.MIRROR, id="mirror"),
+        pytest.param(pod("static", mirror=True), {}, "skipped", preflight.Skip.MIRROR, id="mirror"),
         pytest.param(
-            pod("cache", labels={RULE: "skip"}), {}, "skipped", pf.Skip.DRAIN_RULE, id="skip"
+            pod("cache", labels={RULE: "skip"}), {}, "skipped", preflight.Skip.DRAIN_RULE, id="skip"
         ),
         pytest.param(
             pod("job", labels={RULE: "wait-completed"}),
@@ -124,7 +128,7 @@ def keys(lines: tuple[pf.PodLine, ...]) -> list[str]:
             pod("job", labels={RULE: "wait-completed"}, phase="Succeeded"),
             {},
             "skipped",
-            pf.Skip.COMPLETED,
+            preflight.Skip.COMPLETED,
             id="wait-completed done",
         ),
         pytest.param(
@@ -134,7 +138,7 @@ def keys(lines: tuple[pf.PodLine, ...]) -> list[str]:
             pod("db", labels={"app": "db"}),
             {"pod_selector": {"matchLabels": WEB}},
             "skipped",
-            pf.Skip.NOT_SELECTED,
+            preflight.Skip.NOT_SELECTED,
             id="outside selector",
         ),
         pytest.param(
@@ -191,7 +195,7 @@ def test_no_pods() -> None:
     assert not result.blocked
     assert not result.groups
     assert result.verdict() == "node-2: 0 pods to evict, 0 waited on, 0 skipped; nothing blocks now"
-    assert pf.render(result).splitlines()[-1] == result.verdict()
+    assert preflight.render(result).splitlines()[-1] == result.verdict()
 
 
 # -- drain order --------------------------------------------------------------------
@@ -359,7 +363,7 @@ def test_document_shape() -> None:
         [pod("web-1", labels=WEB), pod("agent", owner="DaemonSet/a")], [pdb("web-pdb", allowed=0)]
     )
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    doc = pf.document([result], {"gone": 'node "gone" not found'}, now)
+    doc = preflight.document([result], {"gone": 'node "gone" not found'}, now)
     assert doc["schema"] == "nmo.plan/v1"
     assert doc["generatedAt"] == "2026-01-02T03:04:05Z"
     assert doc["blocked"] is True
@@ -408,7 +412,7 @@ def test_text_has_every_section_and_ends_with_the_verdict() -> None:
         ],
         [pdb("web-pdb", allowed=0)],
     )
-    text = pf.render(result)
+    text = preflight.render(result)
     for title in (
         "NODE node-2",
         "TO EVICT (1)",

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from nmo.core.queue import WorkQueue
+from nmo.kube.workqueue import WorkQueue
 
 
 async def test_dedupes_and_orders() -> None:

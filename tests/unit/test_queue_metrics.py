@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from nmo.core.metrics import Metrics
-from nmo.core.queue import WorkQueue
+from nmo.kube.workqueue import WorkQueue
+from nmo.telemetry.metrics import Metrics
 
 LABELS = {"name": "nodemaintenance", "controller": "nodemaintenance"}
 

@@ -16,7 +16,7 @@ from test_chart_run_args import _settings
 
 from nmo.cli import main
 from nmo.cli.defaults import IN_POD_SHUTDOWN_DELAY, shutdown_delay
-from nmo.webhooks.servers import closing_while
+from nmo.server.servers import closing_while
 
 __all__ = ["helm_env"]  # the fixture, shared
 

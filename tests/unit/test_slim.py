@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core import slim
-from nmo.core.maintenance.pods import daemonset_owner, select_pods
+from nmo.core.maintenance.podselect import daemonset_owner, select_pods
+from nmo.kube import slim
 
 
 def full_pod() -> dict[str, Any]:

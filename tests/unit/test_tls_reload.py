@@ -22,9 +22,9 @@ from cryptography.x509.oid import NameOID
 from webhook_fakes import FakeLookups
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.metrics import Metrics
-from nmo.webhooks.servers import Servers, ServerSettings, serve
-from nmo.webhooks.tls import CertificatesMissing, ReloadingCertificate, find_pair, write_self_signed
+from nmo.server.servers import Servers, ServerSettings, serve
+from nmo.server.tls import CertificatesMissing, ReloadingCertificate, find_pair, write_self_signed
+from nmo.telemetry.metrics import Metrics
 
 
 def make_pair(directory: Path, common_name: str, *, names: tuple[str, str]) -> None:

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from nmo.api.models import NodeMaintenanceStatus, PendingPodDetail, Phase, PodReference
-from nmo.core.maintenance import transitions as status
+from nmo.core.maintenance import transitions
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -15,19 +15,19 @@ NOW = datetime(2026, 11, 30, tzinfo=UTC)
     [(10, 10, 0), (10, 5, 50), (3, 1, 66), (10, 0, 100), (0, 0, 100), (2, 5, 0)],
 )
 def test_progress(evict: int, pending: int, expected: int) -> None:
-    assert status.progress(evict, pending) == expected
+    assert transitions.progress(evict, pending) == expected
 
 
 def test_first_pass_only_once() -> None:
     refs = [PodReference(namespace="a", name="p1"), PodReference(namespace="b", name="p2")]
-    st = status.first_pass(NodeMaintenanceStatus(), pending=refs, total_pods=5, now=NOW)
+    st = transitions.first_pass(NodeMaintenanceStatus(), pending=refs, total_pods=5, now=NOW)
     assert st.phase is Phase.RUNNING
     assert st.pending_pods == ["p1", "p2"]
     assert st.eviction_pods == 2
     assert st.total_pods == 5
     api = st.to_api()
     assert api["totalpods"] == 5 and api["evictionPods"] == 2
-    again = status.first_pass(st, pending=[], total_pods=0, now=NOW)
+    again = transitions.first_pass(st, pending=[], total_pods=0, now=NOW)
     assert again is st
 
 
@@ -43,7 +43,7 @@ def test_first_pass_only_once() -> None:
 def test_lease_counting(start: int, errors: int, counted: bool, phase: Phase, count: int) -> None:
     st = NodeMaintenanceStatus(phase=Phase.RUNNING, error_on_lease_count=start)
     for _ in range(errors):
-        st = status.lease_error(st, error="boom", counted=counted, now=NOW)
+        st = transitions.lease_error(st, error="boom", counted=counted, now=NOW)
     assert st.phase is phase
     assert st.error_on_lease_count == count
     if phase is Phase.FAILED:
@@ -54,12 +54,12 @@ def test_success_clears_last_error_and_lists() -> None:
     st = NodeMaintenanceStatus(
         phase=Phase.RUNNING, last_error="x", pending_pods=["a"], eviction_pods=1
     )
-    done = status.succeeded(st, NOW)
+    done = transitions.succeeded(st, NOW)
     assert done.phase is Phase.SUCCEEDED and done.drain_progress == 100
     assert done.last_error is None and done.pending_pods == []
-    patch = status.status_patch(done)
+    patch = transitions.status_patch(done)
     assert patch["lastError"] is None  # merge patch removes it
-    assert not status.differs(done, status.succeeded(done, NOW))
+    assert not transitions.differs(done, transitions.succeeded(done, NOW))
 
 
 def detail(name: str, reason: str, namespace: str = "a") -> PendingPodDetail:
@@ -69,7 +69,7 @@ def detail(name: str, reason: str, namespace: str = "a") -> PendingPodDetail:
 def test_draining_counts_progress_and_lists_what_remains() -> None:
     st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=4)
     pending = [detail("p1", "DisruptionBudget")]
-    new = status.draining(
+    new = transitions.draining(
         st, pending=[("a", "p1")], details=pending, error=None, now=NOW, started=NOW
     )
     assert new.drain_progress == 75
@@ -102,7 +102,7 @@ def test_last_error_while_draining_is_the_go_nmos(
 ) -> None:
     st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=4, last_error=before)
     refs = [(d.namespace, d.name) for d in details]
-    new = status.draining(
+    new = transitions.draining(
         st,
         pending=refs,
         details=details,
@@ -111,29 +111,31 @@ def test_last_error_while_draining_is_the_go_nmos(
         started=NOW - timedelta(seconds=ran),
     )
     assert new.last_error == expected
-    assert status.is_drain_pass_error(new.last_error) is (ran >= 30)
+    assert transitions.is_drain_pass_error(new.last_error) is (ran >= 30)
 
 
 def test_an_eviction_error_is_shown_at_once() -> None:
     st = NodeMaintenanceStatus(phase=Phase.RUNNING, eviction_pods=1)
     err = "error when evicting pods/p1 -n a: Internal error: more than one PodDisruptionBudget"
-    new = status.draining(st, pending=[("a", "p1")], details=[], error=err, now=NOW, started=NOW)
+    new = transitions.draining(
+        st, pending=[("a", "p1")], details=[], error=err, now=NOW, started=NOW
+    )
     assert new.last_error == err
 
 
 def test_the_drain_pass_error_names_at_most_ten_pods() -> None:
     details = [detail(f"p{i}", "Waiting") for i in range(25)]
-    text = status.drain_pass_error(details)
+    text = transitions.drain_pass_error(details)
     assert text is not None and text.startswith("[") and text.endswith(", ... 15 more]")
     assert text.count("global timeout reached") == 10
 
 
 def test_zero_counts_and_empty_lists_are_omitted_as_go_omitempty_does() -> None:
     """Go NMO's json tags are all ``omitempty``: jsonpath prints nothing for them."""
-    running = status.first_pass(NodeMaintenanceStatus(), pending=[], total_pods=0, now=NOW)
+    running = transitions.first_pass(NodeMaintenanceStatus(), pending=[], total_pods=0, now=NOW)
     api = running.to_api()
     assert api == {"phase": "Running", "lastUpdate": "2026-11-30T00:00:00Z"}
-    done = status.succeeded(
+    done = transitions.succeeded(
         NodeMaintenanceStatus(
             phase=Phase.RUNNING,
             last_error="x",
@@ -150,7 +152,7 @@ def test_zero_counts_and_empty_lists_are_omitted_as_go_omitempty_does() -> None:
         assert absent not in api
     assert api["drainProgress"] == 100 and api["evictionPods"] == 1 and api["totalpods"] == 2
     # ... and the merge patch still clears what was set before
-    patch = status.status_patch(done)
+    patch = transitions.status_patch(done)
     for cleared in ("pendingPods", "pendingPodsRefs", "errorOnLeaseCount", "lastError"):
         assert patch[cleared] is None
 
@@ -160,7 +162,7 @@ def test_an_omitted_zero_equals_a_written_zero() -> None:
     written = NodeMaintenanceStatus(phase=Phase.RUNNING, error_on_lease_count=0, pending_pods=[])
     read_back = NodeMaintenanceStatus.model_validate(written.to_api())
     assert read_back.error_on_lease_count is None and read_back.pending_pods is None
-    assert not status.differs(read_back, written)
+    assert not transitions.differs(read_back, written)
 
 
 def test_last_update_is_written_at_second_precision() -> None:

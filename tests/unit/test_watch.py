@@ -15,9 +15,9 @@ import httpx
 import pytest
 import respx
 
-from nmo.core import watch
-from nmo.core.kube import Kube
-from nmo.core.watch import Informer
+from nmo.kube import informer
+from nmo.kube.client import Kube
+from nmo.kube.informer import Informer
 
 PATH = "/api/v1/nodes"
 
@@ -63,7 +63,7 @@ def no_wait(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         delays.append(delay)
         await real_sleep(0)
 
-    monkeypatch.setattr(watch.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(informer.asyncio, "sleep", fake_sleep)
     return delays
 
 

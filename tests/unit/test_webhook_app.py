@@ -1,6 +1,6 @@
 """The HTTP adapters: AdmissionReview in/out, probes, and /metrics authn/authz.
 
-The metrics tests go through the real :class:`nmo.core.kube.Kube` (kr8s and
+The metrics tests go through the real :class:`nmo.kube.client.Kube` (kr8s and
 httpx underneath) with respx standing in for the kube-apiserver.
 """
 
@@ -17,11 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from webhook_fakes import FakeLookups, nm, node
 
 from nmo.api.constants import WEBHOOK_PATH, Messages
-from nmo.core.kube import Kube
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
-from nmo.webhooks.metrics_auth import MetricsAuth
-from nmo.webhooks.probes import CheckFailed, Probes
+from nmo.kube.client import Kube
+from nmo.server.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.server.metricsauth import MetricsAuth
+from nmo.server.probes import CheckFailed, Probes
+from nmo.telemetry.metrics import Metrics
 
 Obj = dict[str, Any]
 

@@ -21,14 +21,14 @@ from test_webhook_lookups import Clock, FakeCache, FakeKube, make
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.errors import TooManyRequests
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import create_webhook_app
-from nmo.webhooks.budget import BudgetedKube, Forgetful, Shares, TokenBucket
+from nmo.kube.allowance import BudgetedKube, Forgetful, Shares, TokenBucket
+from nmo.kube.errors import TooManyRequests
+from nmo.server.app import create_webhook_app
+from nmo.server.metricsauth import TOKEN_REVIEWS, UNPROVEN, AuthRejected, MetricsAuth
+from nmo.telemetry.metrics import Metrics
 from nmo.webhooks.lookups import PROVEN as PROVEN_LOOKUPS
 from nmo.webhooks.lookups import UNPROVEN as UNPROVEN_LOOKUPS
 from nmo.webhooks.lookups import ClusterLookups, LookupSettings
-from nmo.webhooks.metrics_auth import TOKEN_REVIEWS, UNPROVEN, AuthRejected, MetricsAuth
 from nmo.webhooks.validators import LookupFailed
 
 

@@ -14,7 +14,7 @@ from test_tls_reload import running, settings  # noqa: F401
 
 from nmo.api.constants import WEBHOOK_PATH
 from nmo.cli import build_parser, settings_from
-from nmo.webhooks.servers import Servers, ServerSettings
+from nmo.server.servers import Servers, ServerSettings
 from nmo_sandbox.pki import generate_pki, issue_serving_cert
 
 __all__ = ["helm_env"]  # the fixture, shared
@@ -47,7 +47,7 @@ async def test_a_caller_without_a_client_certificate_is_refused(
 
 
 def test_unusable_ca_file_is_a_clear_error(tmp_path: Path) -> None:
-    from nmo.webhooks.tls import require_client_certificates
+    from nmo.server.tls import require_client_certificates
 
     with pytest.raises(FileNotFoundError, match="webhook client CA file"):
         require_client_certificates(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), tmp_path / "no")

@@ -23,9 +23,8 @@ from test_webhook_intake import review
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import PARSE_INLINE_BYTES, create_webhook_app
-from nmo.webhooks.intake import (
+from nmo.server.app import PARSE_INLINE_BYTES, create_webhook_app
+from nmo.server.intake import (
     BUFFERED,
     FREE_BODY_BYTES,
     MAX_BODY_BYTES,
@@ -33,6 +32,7 @@ from nmo.webhooks.intake import (
     Uploads,
     read_review_body,
 )
+from nmo.telemetry.metrics import Metrics
 
 THREE_MIB = 3 * 1024 * 1024
 

@@ -16,8 +16,8 @@ import pytest
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH, Messages
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import create_webhook_app
+from nmo.server.app import create_webhook_app
+from nmo.telemetry.metrics import Metrics
 
 Obj = dict[str, Any]
 LIMIT = 32 * 1024

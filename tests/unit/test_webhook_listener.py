@@ -21,9 +21,9 @@ import pytest
 from test_tls_reload import make_pair, running, settings, until  # noqa: F401
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.webhooks.intake import BODY_GRACE_SECONDS
-from nmo.webhooks.listener import ConnectionLimits, Listener
-from nmo.webhooks.servers import Servers, ServerSettings
+from nmo.server.intake import BODY_GRACE_SECONDS
+from nmo.server.listener import ConnectionLimits, Listener
+from nmo.server.servers import Servers, ServerSettings
 
 Start = Callable[[ServerSettings], Awaitable[Servers]]
 

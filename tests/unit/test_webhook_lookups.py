@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from nmo.core.errors import NotFound, Transient
-from nmo.core.kube import Params
+from nmo.kube.client import Params
+from nmo.kube.errors import NotFound, Transient
 from nmo.webhooks.lookups import ClusterLookups, LookupSettings, selector_query
 from nmo.webhooks.validators import LookupFailed, validate_create
 

@@ -23,8 +23,8 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from nmo.webhooks.servers import bind
-from nmo.webhooks.tls import ReloadingCertificate, write_self_signed
+from nmo.server.servers import bind
+from nmo.server.tls import ReloadingCertificate, write_self_signed
 
 
 def staged(tmp_path: Path, common_name: str) -> tuple[Path, Path]:

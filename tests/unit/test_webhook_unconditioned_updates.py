@@ -20,9 +20,9 @@ from test_webhook_app import client, count, review
 from webhook_fakes import nm
 
 from nmo.api.constants import WEBHOOK_PATH, Messages
-from nmo.core.metrics import Metrics
+from nmo.server.app import create_webhook_app, decide
+from nmo.telemetry.metrics import Metrics
 from nmo.webhooks.admission import parse_review
-from nmo.webhooks.app import create_webhook_app, decide
 from nmo.webhooks.validators import Decision
 
 Obj = dict[str, Any]

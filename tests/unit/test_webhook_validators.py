@@ -9,7 +9,7 @@ from webhook_fakes import GUARD, FakeLookups, Obj, guard, nm, node, pdb
 
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
 from nmo.core.maintenance.quorum import etcd_disruption_allowed, is_control_plane
-from nmo.core.selectors import selector_matches
+from nmo.core.maintenance.selectors import selector_matches
 from nmo.webhooks.validators import (
     Decision,
     LookupFailed,

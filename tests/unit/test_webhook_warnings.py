@@ -12,11 +12,11 @@ from test_webhook_lookups import Clock, FakeCache, FakeKube
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH
-from nmo.core.errors import Forbidden
-from nmo.core.kube import Kube, parse_warning
-from nmo.core.metrics import Metrics
+from nmo.kube.client import Kube, parse_warning
+from nmo.kube.errors import Forbidden
+from nmo.server.app import create_webhook_app
+from nmo.telemetry.metrics import Metrics
 from nmo.webhooks.admission import review_response
-from nmo.webhooks.app import create_webhook_app
 from nmo.webhooks.lookups import MAX_PDB_NAMESPACES, ClusterLookups, LookupSettings
 from nmo.webhooks.validators import (
     POD_DELETION_WARNING,

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from nmo.core import logsetup
+from nmo.telemetry import logsetup
 from nmo_sandbox import certmanager, cluster
 
 

@@ -4,7 +4,7 @@ A name nmo reads from an object (a pod's ownerReference, a CR's nodeName)
 is chosen by whoever wrote that object; pasted unescaped into a path, a name
 such as ``x/../../../api/v1/secrets/s`` or ``x?watch=1`` would let them pick
 what nmo requests with its own ServiceAccount. Every name therefore passes
-:func:`name_error` before it becomes a path segment (:func:`nmo.core.kube.api_path`
+:func:`name_error` before it becomes a path segment (:func:`nmo.kube.client.api_path`
 enforces it). The rules are the apiserver's own for the objects nmo names:
 a path segment (not ``.`` or ``..``, no ``/`` or ``%``) that is also a DNS-1123
 subdomain (lowercase alphanumerics, ``-`` and ``.``, at most 253

@@ -36,16 +36,16 @@ from nmo.cli.defaults import (
     temporary_directory,
     webhook_cert_dir,
 )
-from nmo.core import logsetup
-from nmo.core.engine import Engine, EngineSettings
-from nmo.core.errors import KubeconfigError
-from nmo.core.kube import Kube
-from nmo.core.maintenance.budget import BudgetSettings, parse_max_unavailable, parse_window
+from nmo.controller.engine import Engine, EngineSettings
+from nmo.controller.notifier import NotifySettings, check_url, shown
+from nmo.core.maintenance.admission import BudgetSettings, parse_max_unavailable, parse_window
 from nmo.core.maintenance.planner import PlanSettings
-from nmo.core.metrics import Metrics
-from nmo.core.notify import NotifySettings, check_url, shown
-from nmo.webhooks.probes import CheckFailed
-from nmo.webhooks.servers import ServerSettings, serve
+from nmo.kube.client import Kube
+from nmo.kube.errors import KubeconfigError
+from nmo.server.probes import CheckFailed
+from nmo.server.servers import ServerSettings, serve
+from nmo.telemetry import logsetup
+from nmo.telemetry.metrics import Metrics
 
 log = logging.getLogger("nmo.cli")
 
@@ -333,9 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("crd", help="print the NodeMaintenance CRD as YAML")
     sub.add_parser("version", help="print the version")
-    from nmo.cli import ops as ops_cli
+    from nmo.cli import ops
 
-    ops_cli.add_parsers(sub)
+    ops.add_parsers(sub)
     return parser
 
 
@@ -668,9 +668,9 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%s; using %s", why, tmp)
         return asyncio.run(run(args))
     if args.command in ("gather", "cleanup", "status", "plan"):
-        from nmo.cli import ops as ops_cli
+        from nmo.cli import ops
 
-        return ops_cli.main(args)
+        return ops.main(args)
     return 2
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Final
 
 from nmo.api import constants as c
-from nmo.core.maintenance.pods import parse_namespaces
+from nmo.core.maintenance.podselect import parse_namespaces
 
 SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 IN_POD_SHUTDOWN_DELAY: Final = 5.0

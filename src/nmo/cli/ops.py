@@ -23,12 +23,10 @@ from rich.markup import escape
 
 from nmo.api import constants as c
 from nmo.cli.defaults import namespaces_arg
-from nmo.core.errors import Conflict, KubeconfigError, KubeError
-from nmo.core.kube import Kube, RetryPolicy
-from nmo.core.selectors import parse_selector
-from nmo.ops import cleanup as cl
-from nmo.ops import preflight as pf
-from nmo.ops import summary as st
+from nmo.core.maintenance.selectors import parse_selector
+from nmo.kube.client import Kube, RetryPolicy
+from nmo.kube.errors import Conflict, KubeconfigError, KubeError
+from nmo.ops import cleanup, preflight, summary
 from nmo.ops.bundle import Item, parse_duration
 from nmo.ops.gather import Gatherer, GatherSettings, Unreachable
 from nmo.ops.observe import NodeMissing, plan_node
@@ -121,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
         if args.command == "gather":
             return asyncio.run(gather(args))
         if args.command == "cleanup":
-            return asyncio.run(cleanup(args))
+            return asyncio.run(cleanup_command(args))
         if args.command == "status":
             if args.name and args.node:
                 print("nmo status: give NAME or --node, not both", file=sys.stderr)
@@ -203,7 +201,7 @@ async def gather(args: argparse.Namespace) -> int:
 # -- cleanup -------------------------------------------------------------------
 
 
-def _show_plan(out: Console, plan: cl.Plan) -> None:
+def _show_plan(out: Console, plan: cleanup.Plan) -> None:
     if plan.steps:
         out.print(
             f"nmo cleanup will change (bypassing the operator) for {escape(str(plan.node_name))}:"
@@ -226,7 +224,7 @@ def _confirm(out: Console, yes: bool) -> bool | None:
     return answer.strip().lower() in ("y", "yes")
 
 
-async def cleanup(args: argparse.Namespace) -> int:
+async def cleanup_command(args: argparse.Namespace) -> int:
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     kube = await connect(args, err)
@@ -244,14 +242,14 @@ async def cleanup(args: argparse.Namespace) -> int:
 async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Console) -> int:
     node = args.node
 
-    async def plan_now() -> tuple[cl.Observed, cl.Plan]:
-        seen = await cl.observe(
+    async def plan_now() -> tuple[cleanup.Observed, cleanup.Plan]:
+        seen = await cleanup.observe(
             kube,
             node,
             lease_namespace=args.lease_namespace,
             operator_namespace=args.operator_namespace,
         )
-        plan = cl.plan_cleanup(
+        plan = cleanup.plan_cleanup(
             node,
             node=seen.node,
             maintenances=seen.maintenances,
@@ -275,10 +273,10 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
     if holder and not args.force:
         err.print(
             f"checking whether the nmo leader {escape(repr(holder))} still renews its lease "
-            f"(up to {cl.LEADER_WINDOW:g}s)",
+            f"(up to {cleanup.LEADER_WINDOW:g}s)",
             soft_wrap=True,
         )
-        leader = await cl.watch_leader(kube, args.operator_namespace, seen.leader)
+        leader = await cleanup.watch_leader(kube, args.operator_namespace, seen.leader)
     if leader:
         err.print(
             f"[red]refusing:[/] the nmo leader {escape(repr(leader))} is alive (lease "
@@ -298,11 +296,11 @@ async def _cleanup(kube: Kube, args: argparse.Namespace, out: Console, err: Cons
     confirmed = plan
     for attempt in range(3):
         try:
-            done = await cl.execute(kube, plan, lease_namespace=args.lease_namespace)
+            done = await cleanup.execute(kube, plan, lease_namespace=args.lease_namespace)
             break
         except Conflict:
             _, plan = await plan_now()
-            if not cl.same_or_smaller(plan, confirmed) or attempt == 2:
+            if not cleanup.same_or_smaller(plan, confirmed) or attempt == 2:
                 err.print("[red]error:[/] the objects changed while cleaning up; run again")
                 return 1
     for line in done:
@@ -324,19 +322,19 @@ async def status(args: argparse.Namespace) -> int:
         summaries = await _summaries(kube, args)
         now = datetime.now(UTC)
         if args.output == "json":
-            print(json.dumps(st.document(summaries, now), indent=2))
+            print(json.dumps(summary.document(summaries, now), indent=2))
         else:
-            Console().print(st.render(summaries, now))
+            Console().print(summary.render(summaries, now))
         return 0
-    except (st.StatusError, KubeError) as exc:
+    except (summary.StatusError, KubeError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         return 1
     finally:
         await kube.close()
 
 
-async def _summaries(kube: Kube, args: argparse.Namespace) -> list[st.Obj]:
-    return await st.collect(
+async def _summaries(kube: Kube, args: argparse.Namespace) -> list[summary.Obj]:
+    return await summary.collect(
         kube,
         name=args.name,
         node=args.node,
@@ -345,7 +343,7 @@ async def _summaries(kube: Kube, args: argparse.Namespace) -> list[st.Obj]:
     )
 
 
-Done = Callable[[list[st.Obj]], int | None]
+Done = Callable[[list[summary.Obj]], int | None]
 
 
 async def watch_status(
@@ -358,15 +356,15 @@ async def watch_status(
     deleted.
     """
     as_json = args.output == "json"
-    live = None if as_json else Live(st.render([], datetime.now(UTC)), auto_refresh=False)
-    last: list[st.Obj] | None = None
+    live = None if as_json else Live(summary.render([], datetime.now(UTC)), auto_refresh=False)
+    last: list[summary.Obj] | None = None
     if live is not None:
         live.start()
     try:
         while True:
             try:
                 summaries = await _summaries(kube, args)
-            except st.StatusError as exc:
+            except summary.StatusError as exc:
                 if last is None:
                     raise
                 err.print(f"{escape(str(exc))} (it was deleted)")
@@ -374,9 +372,9 @@ async def watch_status(
             now = datetime.now(UTC)
             if live is not None:
                 # Ages change every second, so redraw on every poll.
-                live.update(st.render(summaries, now), refresh=True)
+                live.update(summary.render(summaries, now), refresh=True)
             elif summaries != last:
-                print(json.dumps(st.document(summaries, now)), flush=True)
+                print(json.dumps(summary.document(summaries, now)), flush=True)
             last = summaries
             if done is not None and (code := done(summaries)) is not None:
                 return code
@@ -402,7 +400,7 @@ async def plan(args: argparse.Namespace) -> int:
     kube = await connect(args, err)
     if kube is None:
         return 1
-    results: list[pf.Preflight] = []
+    results: list[preflight.Preflight] = []
     errors: dict[str, str] = {}
     try:
         for node in dict.fromkeys(args.nodes):
@@ -422,9 +420,9 @@ async def plan(args: argparse.Namespace) -> int:
     finally:
         await kube.close()
     if args.output == "json":
-        print(json.dumps(pf.document(results, errors, datetime.now(UTC)), indent=2))
+        print(json.dumps(preflight.document(results, errors, datetime.now(UTC)), indent=2))
     else:
-        print("\n\n".join(pf.render(p) for p in results))
+        print("\n\n".join(preflight.render(p) for p in results))
     if errors:
         return 1
     return EXIT_BLOCKED if any(p.blocked for p in results) else 0

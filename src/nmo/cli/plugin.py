@@ -28,10 +28,10 @@ from rich.console import Console
 from nmo.api import constants as c
 from nmo.api.models import OnTimeout
 from nmo.cli import ops
-from nmo.core.errors import KubeError, NotFound
-from nmo.core.kube import Kube, nm_path, node_path
-from nmo.core.selectors import parse_selector
-from nmo.ops import summary as st
+from nmo.core.maintenance.selectors import parse_selector
+from nmo.kube.client import Kube, nm_path, node_path
+from nmo.kube.errors import KubeError, NotFound
+from nmo.ops import summary
 
 PROG = "kubectl nm"
 NM_PATH = nm_path()
@@ -196,7 +196,7 @@ async def _connect(args: argparse.Namespace, err: Console) -> Kube | None:
     return kube
 
 
-def _phase_done(summaries: list[st.Obj]) -> int | None:
+def _phase_done(summaries: list[summary.Obj]) -> int | None:
     """``start --wait`` ends at Succeeded (0) or Failed (1)."""
     phase = summaries[0].get("phase") if summaries else None
     if phase == "Succeeded":
@@ -231,7 +231,7 @@ async def start(args: argparse.Namespace) -> int:
         )
         try:
             code = await ops.watch_status(kube, watch, err, done=_phase_done)
-        except (st.StatusError, KubeError) as exc:
+        except (summary.StatusError, KubeError) as exc:
             err.print(f"error: {exc}", markup=False)
             return 1
         if code == 0:

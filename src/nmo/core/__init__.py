@@ -1,3 +1,5 @@
-"""The operator's machinery: the kr8s boundary, watches, the work queue,
-the maintenance planner and executor, drain, lease, leader election, events
-and metrics."""
+"""The maintenance rules, pure: :mod:`nmo.core.maintenance`.
+
+No I/O, no clock, no event loop (import-linter): everything here is a
+function of its arguments and is tested by tables.
+"""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.selectors import selector_matches
+from nmo.core.maintenance.selectors import selector_matches
 
 # Re-exported: what gather writes with.
 from nmo.ops.redact import REDACTED as REDACTED

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.errors import NotFound
-from nmo.core.kube import Kube, api_path, nm_path, node_path
-from nmo.core.maintenance.node import recorded_prior, restore
+from nmo.core.maintenance.nodepatch import recorded_prior, restore
+from nmo.kube.client import Kube, api_path, nm_path, node_path
+from nmo.kube.errors import NotFound
 
 Obj = dict[str, Any]
 

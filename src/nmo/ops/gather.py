@@ -32,8 +32,8 @@ import yaml
 
 from nmo import __version__
 from nmo.api import constants as c
-from nmo.core.errors import Forbidden, KubeError, NotFound, Transient, Unauthorized
-from nmo.core.kube import Kube, Params, api_path, nm_path, node_path
+from nmo.kube.client import Kube, Params, api_path, nm_path, node_path
+from nmo.kube.errors import Forbidden, KubeError, NotFound, Transient, Unauthorized
 from nmo.ops.bundle import (
     MAINTENANCE_REASONS,
     Item,

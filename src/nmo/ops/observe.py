@@ -13,10 +13,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nmo.core.errors import NotFound
-from nmo.core.kube import Kube, api_path, node_path
-from nmo.core.maintenance.pods import daemonset_owner, pod_namespace
-from nmo.ops import preflight as pf
+from nmo.core.maintenance.podselect import daemonset_owner, pod_namespace
+from nmo.kube.client import Kube, api_path, node_path
+from nmo.kube.errors import NotFound
+from nmo.ops import preflight
 
 Obj = dict[str, Any]
 
@@ -69,10 +69,10 @@ async def plan_node(
     *,
     critical_last: bool = False,
     pod_rules_namespaces: Collection[str] = (),
-) -> pf.Preflight:
+) -> preflight.Preflight:
     """Observe ``node`` and compute its preflight."""
     state = await observe(kube, node)
-    return pf.preflight(
+    return preflight.preflight(
         node,
         state.pods,
         state.pdbs,

@@ -6,10 +6,10 @@ in what order, and whether a PodDisruptionBudget will hold it. The drain's
 own pure modules answer each part, so the preflight says what the operator
 would do, not an approximation of it:
 
-* :func:`nmo.core.maintenance.pods.select_pods` splits the pods (DaemonSet,
+* :func:`nmo.core.maintenance.podselect.select_pods` splits the pods (DaemonSet,
   mirror, drain rules, ``--pod-selector``);
-* :func:`nmo.core.maintenance.pods.order_key` groups the drain order;
-* :func:`nmo.core.maintenance.budgets.budgets_for` says which PDBs would
+* :func:`nmo.core.maintenance.podselect.order_key` groups the drain order;
+* :func:`nmo.core.maintenance.disruption.budgets_for` says which PDBs would
   refuse an eviction now, with their figures.
 
 :func:`preflight` turns the observed pods, PDBs and DaemonSets of one node
@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.maintenance.budgets import Budgets, budgets_for, names, shared_text
+from nmo.core.maintenance.disruption import Budgets, budgets_for, names, shared_text
 from nmo.core.maintenance.drainstate import REASON_INVALID_RULE, REASON_WAIT_COMPLETED
-from nmo.core.maintenance.pods import (
+from nmo.core.maintenance.podselect import (
     RulesFrom,
     daemonset_owner,
     describe_order,
@@ -47,7 +47,7 @@ from nmo.core.maintenance.pods import (
     rules_from,
     select_pods,
 )
-from nmo.core.selectors import format_selector
+from nmo.core.maintenance.selectors import format_selector
 
 Obj = dict[str, Any]
 

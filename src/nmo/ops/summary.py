@@ -20,10 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from nmo.api import constants as c
-from nmo.core.errors import Forbidden, NotFound
-from nmo.core.events import EVENT_NAMESPACE
-from nmo.core.kube import Kube, api_path, nm_path
+from nmo.controller.recorder import EVENT_NAMESPACE
 from nmo.core.maintenance.lease import lease_times, parse_time
+from nmo.kube.client import Kube, api_path, nm_path
+from nmo.kube.errors import Forbidden, NotFound
 
 Obj = dict[str, Any]
 

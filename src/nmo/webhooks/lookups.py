@@ -33,7 +33,7 @@ Guarantees:
   ``openshift-etcd``, only for control-plane nodes on OpenShift), because a
   stale answer there could break etcd quorum.
 * Whether nmo may delete pods (the ``onTimeout: Delete`` warning) is one
-  SelfSubjectAccessReview, cached for ``access_ttl`` (:mod:`nmo.core.access`).
+  SelfSubjectAccessReview, cached for ``access_ttl`` (:mod:`nmo.kube.access`).
 * The admission warnings' pods and PDBs are read for the node alone: one
   LIST of the node's pods by field selector, then the PDBs of their
   namespaces (one LIST each, or one cluster-wide LIST past
@@ -68,10 +68,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nmo.api import constants as c
-from nmo.core.access import Access
-from nmo.core.errors import KubeError, NotFound
-from nmo.core.kube import Params, Requester, api_path, nm_path, node_path
-from nmo.webhooks.budget import Forgetful, Pool, TTLCache
+from nmo.kube.access import Access
+from nmo.kube.allowance import Forgetful, Pool, TTLCache
+from nmo.kube.client import KubeClient, Params, api_path, nm_path, node_path
+from nmo.kube.errors import KubeError, NotFound
 from nmo.webhooks.validators import LookupFailed, Lookups, node_name_of
 
 log = logging.getLogger("nmo.webhooks.lookups")
@@ -86,8 +86,6 @@ PDBS_PATH = api_path("policy/v1", "poddisruptionbudgets")
 MAX_PDB_NAMESPACES = 8  # beyond this many namespaces, one cluster-wide PDB LIST is cheaper
 
 
-KubeClient = Requester  # the slice of :class:`nmo.core.kube.Kube` the webhooks use
-
 # A review costs at most 1 + MAX_PDB_NAMESPACES requests (its warnings), plus
 # a GET for a node newer than the cache, or two LISTs for the etcd quorum.
 PROVEN = Pool(in_flight=12, rate=15.0, burst=30, share_rate=5.0, share_burst=20)
@@ -95,7 +93,7 @@ UNPROVEN = Pool(in_flight=4, rate=5.0, burst=10, share_rate=2.0, share_burst=10)
 
 
 class ObjectCache(Protocol):
-    """The slice of :class:`nmo.core.watch.Informer` the lookups read."""
+    """The slice of :class:`nmo.kube.informer.Informer` the lookups read."""
 
     store: dict[str, Obj]
     synced: asyncio.Event

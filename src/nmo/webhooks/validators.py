@@ -5,7 +5,7 @@ operator (same order, same messages), and they are easiest to get right when
 they are separate from HTTP, JSON and the API server. Everything the rules need
 to know about the cluster comes through the small :class:`Lookups` protocol,
 so unit tests drive them with a table of fakes and the HTTP adapter
-(:mod:`nmo.webhooks.app`) only translates.
+(:mod:`nmo.server.app`) only translates.
 
 Guarantees:
 
@@ -42,15 +42,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nmo.api.constants import Messages
-from nmo.core.access import POD_DELETION_VALUE
-from nmo.core.maintenance.budgets import budgets_for, disruption_warnings
-from nmo.core.maintenance.pods import select_pods
+from nmo.core.maintenance.disruption import budgets_for, disruption_warnings
+from nmo.core.maintenance.podselect import select_pods
 from nmo.core.maintenance.quorum import (
     disruptions_allowed,
     etcd_disruption_allowed,
     is_control_plane,
 )
-from nmo.core.selectors import selector_error
+from nmo.core.maintenance.selectors import selector_error
+from nmo.kube.access import POD_DELETION_VALUE
 
 log = logging.getLogger("nmo.webhooks")
 

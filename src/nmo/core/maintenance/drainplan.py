@@ -42,7 +42,7 @@ from nmo.core.maintenance.drainstate import (
     survey,
     terminating_since,
 )
-from nmo.core.maintenance.pods import (
+from nmo.core.maintenance.podselect import (
     RulesFrom,
     Selection,
     describe_order,

@@ -1,6 +1,6 @@
 """What a drain knows about each pod, and the survey of a node's drain (pure).
 
-The eviction executor (:mod:`nmo.core.drain`) keeps one :class:`PodDrainState`
+The eviction executor (:mod:`nmo.controller.evictor`) keeps one :class:`PodDrainState`
 per pod it must remove, in the maintenance's memory record, and updates it
 as eviction answers arrive. :func:`survey` reads those states together with
 the pods currently on the node and says, without changing anything:
@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nmo.api.models import PendingPodDetail
-from nmo.core.maintenance.pods import pod_key
+from nmo.core.maintenance.podselect import pod_key
 
 Pod = dict[str, Any]
 

@@ -6,7 +6,7 @@ holds. :func:`decide` says what to do to hold it (create, renew, take over an
 expired foreign lease, or refuse); :func:`apply` and :func:`build_lease`
 compute the object to write. :func:`lease_times` is the one place that reads
 a lease's renew time and expiry (used by the decision, ``nmo cleanup`` and
-``nmo status``). The I/O lives in :mod:`nmo.core.lease`.
+``nmo status``). The I/O lives in :mod:`nmo.controller.leaseholder`.
 
 The corner cases are medik8s/common's (pkg/lease/manager.go): a lease without
 ``renewTime`` or ``leaseDurationSeconds`` has no expiry, so a foreign one is

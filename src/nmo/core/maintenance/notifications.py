@@ -2,7 +2,7 @@
 
 nmo can POST a small JSON document to one receiver (``--notify-url``) on
 five transitions of a maintenance. This module decides, from what one pass
-did, which of them happened; :mod:`nmo.core.notify` delivers them.
+did, which of them happened; :mod:`nmo.controller.notifier` delivers them.
 
 * ``begin``, ``succeeded``, ``failed``, ``removed``: the pass fired the
   event ``BeginMaintenance``, ``SucceedMaintenance``, ``FailedMaintenance``

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, OnTimeout
-from nmo.core.maintenance.budget import Admission
+from nmo.core.maintenance.admission import Admission
 from nmo.core.maintenance.drainstate import PodDrainState
 
 Obj = dict[str, Any]

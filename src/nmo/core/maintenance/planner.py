@@ -41,10 +41,7 @@ from nmo.api.models import (
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import budget, drainplan
-from nmo.core.maintenance import node as nodeplan
-from nmo.core.maintenance import pods as podselect
-from nmo.core.maintenance import transitions as status
+from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, transitions
 from nmo.core.maintenance.observed import (
     DONE,
     TERMINAL,
@@ -95,16 +92,16 @@ def older_duplicate(nm: NodeMaintenance, others: tuple[NodeMaintenance, ...]) ->
     for other in others:
         if other.metadata.name == nm.metadata.name or other.spec.node_name != nm.spec.node_name:
             continue
-        if status.is_duplicate_failure(other.status, other.spec.node_name):
+        if transitions.is_duplicate_failure(other.status, other.spec.node_name):
             continue
         if rank(other) < mine:
             return other.metadata.name
     return None
 
 
-def _prior(obs: Observed) -> nodeplan.PriorState | None:
+def _prior(obs: Observed) -> nodepatch.PriorState | None:
     """The prior state this CR recorded on its node (none: restore as the Go NMO does)."""
-    return nodeplan.prior_for(obs.node, obs.nm.metadata.uid)
+    return nodepatch.prior_for(obs.node, obs.nm.metadata.uid)
 
 
 def _status_write(
@@ -116,7 +113,7 @@ def _status_write(
     is not written again: a server that prunes fields it does not know (the
     Go NMO's CRD has no pendingPodsDetails) must not cause a write per pass.
     """
-    if not status.differs(obs.nm.status, new):
+    if not transitions.differs(obs.nm.status, new):
         return None
     recall = obs.recall
     if (
@@ -131,7 +128,7 @@ def _status_write(
 
 def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
     """A status as compared for rewrites (everything but lastUpdate)."""
-    return status.comparable(st)
+    return transitions.comparable(st)
 
 
 def nmo_node_ref(ref: dict[str, Any], node: str) -> bool:
@@ -180,7 +177,7 @@ def _started(obs: Observed, settings: PlanSettings) -> NodeMaintenanceStatus:
         PodReference(namespace=podselect.pod_namespace(p), name=podselect.pod_name(p))
         for p in (*selection.evict, *selection.waited)
     ]
-    return status.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
+    return transitions.first_pass(st, pending=refs, total_pods=len(obs.pods), now=obs.now)
 
 
 def _ignored_rules_event(selection: podselect.Selection) -> Emit:
@@ -204,7 +201,7 @@ def resumable(nm: NodeMaintenance) -> bool:
     """Failed for a missing node: a pass looks for its node in the cache only
     (no request), and applies the maintenance again once a Node of that name
     exists, as the Go NMO does on its next reconcile."""
-    return nm.metadata.deletion_timestamp is None and status.is_node_missing_failure(
+    return nm.metadata.deletion_timestamp is None and transitions.is_node_missing_failure(
         nm.status, nm.spec.node_name
     )
 
@@ -267,7 +264,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     nm, now = obs.nm, obs.now
     node_name = nm.spec.node_name
     st = nm.status
-    resuming = status.is_node_missing_failure(st, node_name)
+    resuming = transitions.is_node_missing_failure(st, node_name)
     if st.phase is Phase.FAILED and not (resuming and obs.node is not None):
         # A duplicate or a lost lease is final; a missing node is looked at
         # again when a Node of that name is added (the node watch wakes it).
@@ -294,13 +291,13 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
 
     if (older := older_duplicate(nm, obs.others)) is not None:
         return failed(
-            status.duplicate(st, node_name, now),
+            transitions.duplicate(st, node_name, now),
             f"maintenance {nm.metadata.name}: node {node_name} already has an older "
             f"maintenance {older}",
         )
     if obs.node is None:
         return failed(
-            status.node_not_found(st, node_name, now),
+            transitions.node_not_found(st, node_name, now),
             f"maintenance {nm.metadata.name}: node {node_name} not found",
         )
     meta |= _disowned(nm)
@@ -316,24 +313,24 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         lease = LeaseStep.REQUEST
     st = _started(obs, settings)
     if resuming:
-        st = status.resumed(st)
+        st = transitions.resumed(st)
         notes.append(f"maintenance {nm.metadata.name}: node {node_name} exists again, resuming")
     if obs.admission is not None:
-        st = status.with_condition(
+        st = transitions.with_condition(
             st,
             type_=c.CONDITION_QUEUED,
             state=ConditionStatus.FALSE,
-            reason=budget.REASON_ADMITTED,
+            reason=admission.REASON_ADMITTED,
             message="admitted by the fleet budget",
             now=now,
         )
     if lease is not LeaseStep.NONE:
-        st = status.lease_ok(st)
+        st = transitions.lease_ok(st)
     # The prior state is recorded only when nmo first takes the node (B7): a
     # CR that has begun without a record was started by the Go NMO (or before
     # nmo recorded on the node), and leaving it restores as the Go NMO does.
     first_take = "" if nm.status.begun else nm.metadata.uid
-    node_patch = nodeplan.enter_patch(obs.node, record_for=first_take)
+    node_patch = nodepatch.enter_patch(obs.node, record_for=first_take)
     base = Plan(
         metadata=meta or None,
         lease=lease,
@@ -360,7 +357,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         cap_seconds=settings.max_drain_seconds,
         cap_action=settings.max_drain_action,
     )
-    st = status.drain_timing(st, start=deadline.start, deadline=deadline.at)
+    st = transitions.drain_timing(st, start=deadline.start, deadline=deadline.at)
     plan_ = drainplan.plan_drain(
         selection,
         obs.drain,
@@ -372,7 +369,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         rules=podselect.rules_from(settings.pod_rules_namespaces),
     )
     drain, report, cond = plan_.survey, plan_.survey.report, plan_.condition
-    st = status.with_condition(
+    st = transitions.with_condition(
         st,
         type_=c.CONDITION_DRAINED,
         state=cond.status,
@@ -381,12 +378,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         now=now,
         generation=nm.metadata.generation or None,
     )
-    before = status.condition(nm.status, c.CONDITION_DRAINED)
+    before = transitions.condition(nm.status, c.CONDITION_DRAINED)
     reached = plan_.timed_out and (before is None or before.reason != drainplan.REASON_TIMED_OUT)
     if plan_.timed_out and deadline.action is OnTimeout.ABORT:
         return _abort(obs, base, st, cond.message, meta)
     if not report.pending:
-        new = status.succeeded(st, now)
+        new = transitions.succeeded(st, now)
         finished = st.phase is not Phase.SUCCEEDED
         created = nm.metadata.creation_timestamp
         return replace(
@@ -402,7 +399,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             drain_seconds=(now - created).total_seconds() if finished and created else None,
             drain_pending=0,
         )
-    new = status.draining(
+    new = transitions.draining(
         st,
         pending=report.pending,
         details=report.details,
@@ -425,7 +422,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     fired = base.events
     if (
         write is not None
-        and status.is_drain_pass_error(new.last_error)
+        and transitions.is_drain_pass_error(new.last_error)
         and new.last_error != nm.status.last_error
     ):
         # What the Go NMO logs when a drain pass ends with pods left; its e2e
@@ -452,10 +449,10 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     )
 
 
-def _queued(obs: Observed, admission: budget.Admission, settings: PlanSettings) -> Plan:
+def _queued(obs: Observed, admission: admission.Admission, settings: PlanSettings) -> Plan:
     """Held back by the budget or the window: Pending, a Queued condition, nothing else."""
     nm = obs.nm
-    st = status.with_condition(
+    st = transitions.with_condition(
         nm.status.model_copy(update={"phase": Phase.PENDING}),
         type_=c.CONDITION_QUEUED,
         state=ConditionStatus.TRUE,
@@ -463,7 +460,7 @@ def _queued(obs: Observed, admission: budget.Admission, settings: PlanSettings) 
         message=admission.message,
         now=obs.now,
     )
-    if status.differs(nm.status, st):
+    if transitions.differs(nm.status, st):
         st = st.model_copy(update={"last_update": obs.now})
     wait = settings.queue_recheck
     if admission.retry_after is not None:
@@ -483,7 +480,7 @@ def _abort(
     """onTimeout Abort: restore the node as on deletion, release the lease, Failed."""
     nm = obs.nm
     assert obs.node is not None
-    undo = nodeplan.restore(obs.node, _prior(obs))
+    undo = nodepatch.restore(obs.node, _prior(obs))
     events = [*base.events, Emit((c.EVENT_DRAIN_TIMED_OUT, message), warning=True)]
     if undo.uncordon:
         events.append(Emit(c.EVENT_UNCORDON, target="node"))
@@ -491,7 +488,7 @@ def _abort(
     return Plan(
         metadata=meta or None,
         lease=LeaseStep.RELEASE,
-        status=status.drain_timed_out(st, error=message, now=obs.now),
+        status=transitions.drain_timed_out(st, error=message, now=obs.now),
         node_patch=undo.ops,
         restore=True,
         drop=tuple(obs.drain),
@@ -536,12 +533,12 @@ def plan_lease_failure(
     counted = not (foreign and not (st.drain_progress or 0))
     count = (st.error_on_lease_count or 0) + (1 if counted else 0)
     text = lease_error_text(error, foreign=foreign, counted=counted, count=count)
-    new = status.lease_error(st, error=text, counted=counted, now=obs.now)
+    new = transitions.lease_error(st, error=text, counted=counted, now=obs.now)
     if new.phase is Phase.FAILED:
         restore = None
         events = list(begun)
         if obs.node is not None:
-            undo = nodeplan.restore(obs.node, _prior(obs))
+            undo = nodepatch.restore(obs.node, _prior(obs))
             restore = undo.ops
             if undo.uncordon:
                 events.append(Emit(c.EVENT_UNCORDON, target="node"))
@@ -602,12 +599,12 @@ def plan_leave(obs: Observed) -> Plan:
     metadata = {"finalizers": [f for f in nm.metadata.finalizers if f != c.FINALIZER]}
     removed = Emit(c.EVENT_REMOVED)
     gone = f"maintenance {nm.metadata.name} for node {nm.spec.node_name} removed"
-    if status.is_duplicate_failure(nm.status, nm.spec.node_name):
+    if transitions.is_duplicate_failure(nm.status, nm.spec.node_name):
         return Plan(metadata=metadata, events=(removed,), work=Work.FORGET, notes=(gone,))
     events: list[Emit] = []
     restore = None
     if obs.node is not None:
-        undo = nodeplan.restore(obs.node, _prior(obs), forget=True)
+        undo = nodepatch.restore(obs.node, _prior(obs), forget=True)
         restore = undo.ops
         if undo.uncordon:
             events.append(Emit(c.EVENT_UNCORDON, target="node"))

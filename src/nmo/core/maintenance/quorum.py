@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.maintenance.budget import Admission
-from nmo.core.selectors import selector_matches
+from nmo.core.maintenance.admission import Admission
+from nmo.core.maintenance.selectors import selector_matches
 
 Obj = Mapping[str, Any]
 

@@ -10,7 +10,7 @@ the :class:`Notifier` delivers it to ``--notify-url``. What it guarantees:
 * The queue is bounded (``queue_size``): beyond it the oldest notification
   is dropped (result ``dropped``, and a warning at most every 10 s).
 * A connection error (refused, reset, timed out), a 5xx, a 429 or a 408 is retried
-  with :mod:`nmo.core.backoff` (the answer's ``Retry-After`` is a floor,
+  with :mod:`nmo.kube.backoff` (the answer's ``Retry-After`` is a floor,
   capped like the rest); any other answer but a 2xx fails at once. After
   ``attempts`` attempts, or once the notification would be older than
   ``max_age``, it fails: result ``failed`` and a warning. A receiver's
@@ -49,9 +49,9 @@ from datetime import UTC, datetime
 import httpx
 
 from nmo import __version__
-from nmo.core import backoff
 from nmo.core.maintenance.notifications import Kind, Notification
-from nmo.core.metrics import Metrics
+from nmo.kube import backoff
+from nmo.telemetry.metrics import Metrics
 
 log = logging.getLogger("nmo.notify")
 

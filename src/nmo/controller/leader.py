@@ -42,7 +42,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from nmo.core.errors import (
+from nmo.core.maintenance.lease import format_micro
+from nmo.kube.client import Kube, api_path
+from nmo.kube.errors import (
     AlreadyExists,
     Conflict,
     Forbidden,
@@ -51,8 +53,6 @@ from nmo.core.errors import (
     Transient,
     Unauthorized,
 )
-from nmo.core.kube import Kube, api_path
-from nmo.core.maintenance.lease import format_micro
 
 log = logging.getLogger("nmo.leader")
 

@@ -2,7 +2,7 @@
 
 kr8s gives nmo authentication (kubeconfig, in-cluster service account, exec
 plugins) and a shared httpx client. Everything else a long-running operator
-needs is owned here: nmo's own errors (:mod:`nmo.core.errors`), finite
+needs is owned here: nmo's own errors (:mod:`nmo.kube.errors`), finite
 timeouts, retries with capped jittered backoff that honour ``Retry-After``, a
 bound on concurrent requests (kr8s's pool has 100 connections and no pool
 timeout), and raw streaming for the watch loop.
@@ -46,8 +46,8 @@ import kr8s.asyncio
 from nmo import __version__
 from nmo.api import constants as c
 from nmo.api.names import name_error
-from nmo.core import backoff
-from nmo.core.errors import (
+from nmo.kube import backoff
+from nmo.kube.errors import (
     InvalidName,
     KubeconfigError,
     KubeError,
@@ -63,7 +63,7 @@ _SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 Params = Mapping[str, str | int | bool]
 
 
-class Requester(Protocol):
+class KubeClient(Protocol):
     """The slice of :class:`Kube` its callers need: one request (a wrapper such as
     the webhooks' budgeted client, or a test's fake, can stand in)."""
 

@@ -5,7 +5,7 @@ Why this exists: the Go operator records Events through client-go's
 PATCHes the first one, raising ``count`` and ``lastTimestamp``. Scripts and
 alerts read ``count`` (``kubectl get events`` shows it as ``COUNT``), so nmo
 correlates the same way. Everything here is a pure decision over an
-in-memory cache and an injected ``now`` (seconds); :mod:`nmo.core.events`
+in-memory cache and an injected ``now`` (seconds); :mod:`nmo.controller.recorder`
 does the writing and reports the server's answer back (:meth:`update_state`).
 
 What carries over, with client-go's defaults:
@@ -24,7 +24,7 @@ What carries over, with client-go's defaults:
 
 What does not: the cache lives as long as the process (client-go's too), so
 the first repeat after a restart creates a new Event; nmo does not retry a
-failed write 12 times in the background (:mod:`nmo.core.events` logs it).
+failed write 12 times in the background (:mod:`nmo.controller.recorder` logs it).
 """
 
 from __future__ import annotations

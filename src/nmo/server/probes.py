@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from nmo.webhooks import incidents
+from nmo.server import incidents
 
 log = logging.getLogger("nmo.webhooks.probes")
 

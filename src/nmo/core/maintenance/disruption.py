@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nmo.core.maintenance.pods import is_completed, pod_key, pod_namespace, pod_phase
-from nmo.core.selectors import selector_matches
+from nmo.core.maintenance.podselect import is_completed, pod_key, pod_namespace, pod_phase
+from nmo.core.maintenance.selectors import selector_matches
 
 Obj = Mapping[str, Any]
 Pod = dict[str, Any]

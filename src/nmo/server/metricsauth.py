@@ -22,7 +22,7 @@ repeating a bad token costs nothing; authorization refusals are never cached,
 so a freshly granted role works at once.
 
 The reviews a request costs are paid from one of two budgets
-(:class:`nmo.webhooks.budget.Shares` over a bounded client each), past which
+(:class:`nmo.kube.allowance.Shares` over a bounded client each), past which
 the answer is 429 ``Too many authentication requests`` and no review is sent:
 
 * *proven* callers, those let in before (within ``remember``, an hour by
@@ -47,10 +47,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nmo.core.errors import KubeError, TooManyRequests
-from nmo.core.kube import api_path
-from nmo.webhooks.budget import Forgetful, Pool, TTLCache
-from nmo.webhooks.lookups import KubeClient
+from nmo.kube.allowance import Forgetful, Pool, TTLCache
+from nmo.kube.client import KubeClient, api_path
+from nmo.kube.errors import KubeError, TooManyRequests
 
 log = logging.getLogger("nmo.webhooks.metrics_auth")
 

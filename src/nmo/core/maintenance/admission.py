@@ -4,7 +4,7 @@ A maintenance is *admitted* when nmo starts on its node; from then on it
 counts against the budget until its CR is deleted or it fails (a Failed
 maintenance has its node restored). The admitted maintenances are kept in
 a ledger that every admission updates with a compare-and-swap
-(:mod:`nmo.core.budget`), so the decision below is always taken on the
+(:mod:`nmo.controller.ledger`), so the decision below is always taken on the
 latest ledger, by one process at a time, whatever the timing.
 
 :func:`decide` admits only the head of the queue (creation order: oldest

@@ -26,8 +26,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from nmo.core import backoff
-from nmo.core.metrics import CONTROLLER, Metrics, QueueInstruments
+from nmo.kube import backoff
+from nmo.telemetry.metrics import CONTROLLER, Metrics, QueueInstruments
 
 
 class WorkQueue:

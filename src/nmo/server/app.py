@@ -12,7 +12,7 @@ Guarantees of the webhook app (behavior.md A6):
   a review about anything but a NodeMaintenance is denied with 400 BadRequest
   naming what was expected), and anything else with a 4xx and a plain-text
   reason: 415 for a body that is not ``application/json``, 413 for one over
-  768 KiB (never read past the limit, see :mod:`nmo.webhooks.intake`), 429
+  768 KiB (never read past the limit, see :mod:`nmo.server.intake`), 429
   when too many big bodies are being uploaded at once, 408 for a body that
   takes too long or trickles in, 400 for the rest. Whatever the bytes, the
   answer is never a 5xx;
@@ -20,7 +20,7 @@ Guarantees of the webhook app (behavior.md A6):
   a time, so the event loop (probes, leader lease, the operator) keeps turning;
 * the API requests a review's lookups make are charged to its peer address
   (:meth:`nmo.webhooks.validators.Lookups.for_requester`), as are a metrics
-  scrape's reviews (:class:`nmo.webhooks.metrics_auth.MetricsAuth`);
+  scrape's reviews (:class:`nmo.server.metricsauth.MetricsAuth`);
 * every answer is counted in ``nmo_webhook_admissions_total{operation,result}``
   and timed in ``nmo_webhook_admission_duration_seconds``;
 * every decision is logged with the node name and the word "maintenance", so
@@ -48,17 +48,8 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from nmo.api.constants import WEBHOOK_NAME, WEBHOOK_PATH
-from nmo.core.metrics import Metrics
-from nmo.webhooks import incidents
-from nmo.webhooks.admission import (
-    AdmissionRequest,
-    AdmissionReview,
-    MalformedReview,
-    parse_review,
-    review_response,
-    wrong_target,
-)
-from nmo.webhooks.intake import (
+from nmo.server import incidents
+from nmo.server.intake import (
     BODY_GRACE_SECONDS,
     BODY_SECONDS,
     MAX_BODY_BYTES,
@@ -67,9 +58,18 @@ from nmo.webhooks.intake import (
     Uploads,
     read_review_body,
 )
-from nmo.webhooks.listener import source_of
-from nmo.webhooks.metrics_auth import AuthRejected, MetricsAuth
-from nmo.webhooks.probes import Probes, probes_router
+from nmo.server.listener import source_of
+from nmo.server.metricsauth import AuthRejected, MetricsAuth
+from nmo.server.probes import Probes, probes_router
+from nmo.telemetry.metrics import Metrics
+from nmo.webhooks.admission import (
+    AdmissionRequest,
+    AdmissionReview,
+    MalformedReview,
+    parse_review,
+    review_response,
+    wrong_target,
+)
 from nmo.webhooks.validators import (
     Decision,
     Lookups,

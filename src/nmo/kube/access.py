@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nmo.core.errors import KubeError
-from nmo.core.kube import Requester, api_path
+from nmo.kube.client import KubeClient, api_path
+from nmo.kube.errors import KubeError
 
 log = logging.getLogger("nmo.access")
 
@@ -55,7 +55,7 @@ class Access:
 
     def __init__(
         self,
-        kube: Requester,
+        kube: KubeClient,
         *,
         ttl: float = 30.0,
         timeout: float = 4.0,

@@ -6,7 +6,7 @@ are cluster-scoped, so, as client-go does, events go to namespace
 ``default``. Recording an event never fails a reconcile: errors are logged.
 
 Repeats are correlated as client-go's recorder correlates them
-(:mod:`nmo.core.eventcache`): the same event again raises ``count`` on one
+(:mod:`nmo.controller.correlator`): the same event again raises ``count`` on one
 Event object instead of creating another.
 """
 
@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.errors import KubeError, NotFound
-from nmo.core.eventcache import EventCorrelator, Key, event_key
-from nmo.core.kube import Kube, api_path
+from nmo.controller.correlator import EventCorrelator, Key, event_key
+from nmo.kube.client import Kube, api_path
+from nmo.kube.errors import KubeError, NotFound
 
 log = logging.getLogger("nmo.events")
 

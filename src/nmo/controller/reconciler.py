@@ -28,17 +28,16 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.budget import Budget
-from nmo.core.drain import Evictor
-from nmo.core.errors import Conflict, InvalidName, KubeError, NotFound
-from nmo.core.events import EventRecorder
-from nmo.core.kube import Kube, api_path, nm_path, node_path
-from nmo.core.lease import LeaseClient, LeaseHeldError
-from nmo.core.maintenance import budget as rules
-from nmo.core.maintenance import node as nodeplan
-from nmo.core.maintenance import planner, transitions
-from nmo.core.maintenance import pods as podselect
-from nmo.core.maintenance.budget import Admission
+from nmo.controller.evictor import Evictor
+from nmo.controller.leaseholder import LeaseClient, LeaseHeldError
+from nmo.controller.ledger import Budget
+from nmo.controller.memory import Memories, Memory
+from nmo.controller.notifier import Notifier
+from nmo.controller.quorumguard import QuorumGuard
+from nmo.controller.recorder import EventRecorder
+from nmo.controller.renewer import LeaseRenewers
+from nmo.core.maintenance import admission, nodepatch, planner, podselect, transitions
+from nmo.core.maintenance.admission import Admission
 from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
@@ -50,12 +49,10 @@ from nmo.core.maintenance.observed import (
     Result,
     Work,
 )
-from nmo.core.memory import Memories, Memory
-from nmo.core.metrics import Metrics
-from nmo.core.notify import Notifier
-from nmo.core.quorum import QuorumGuard
-from nmo.core.renewer import LeaseRenewers
-from nmo.core.watch import Informer
+from nmo.kube.client import Kube, api_path, nm_path, node_path
+from nmo.kube.errors import Conflict, InvalidName, KubeError, NotFound
+from nmo.kube.informer import Informer
+from nmo.telemetry.metrics import Metrics
 
 # How long a leave waits for a renewal PUT in flight before releasing the lease.
 RENEWAL_SETTLE_SECONDS = 10.0
@@ -222,7 +219,7 @@ class Reconciler:
         nm = obs.nm
         return (
             self.budget is not None
-            and rules.awaits_start(nm, node_exists=obs.node is not None)
+            and admission.awaits_start(nm, node_exists=obs.node is not None)
             and obs.node is not None
             and planner.older_duplicate(nm, obs.others) is None
         )
@@ -533,9 +530,9 @@ class Reconciler:
                 if not _changed_meanwhile(exc):
                     raise
             fresh = await self.kube.get(node_path(node_name))
-            prior = nodeplan.prior_for(fresh, obs.nm.metadata.uid)
+            prior = nodepatch.prior_for(fresh, obs.nm.metadata.uid)
             ended = obs.nm.metadata.deletion_timestamp is not None
-            ops = nodeplan.leave_patch(fresh, prior, forget=ended)
+            ops = nodepatch.leave_patch(fresh, prior, forget=ended)
         raise Conflict("node kept changing while restoring it")
 
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nmo.core import backoff
-from nmo.core.errors import Gone, KubeError, NotFound, Transient
-from nmo.core.kube import Kube
+from nmo.kube import backoff
+from nmo.kube.client import Kube
+from nmo.kube.errors import Gone, KubeError, NotFound, Transient
 
 log = logging.getLogger("nmo.watch")
 

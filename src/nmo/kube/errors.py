@@ -1,6 +1,6 @@
 """nmo's own error vocabulary for talking to the API server.
 
-Only :mod:`nmo.core.kube` raises these (translating kr8s/httpx failures with
+Only :mod:`nmo.kube.client` raises these (translating kr8s/httpx failures with
 ``raise ... from``); everything else catches these and never a client's
 exception types.
 
@@ -65,7 +65,7 @@ class NotFound(KubeError):
 class InvalidName(NotFound):
     """A name that is not a valid Kubernetes name was about to become a path.
 
-    Raised by :func:`nmo.core.kube.api_path` before any request is made. It is
+    Raised by :func:`nmo.kube.client.api_path` before any request is made. It is
     a :class:`NotFound` because no object can have such a name: a caller that
     treats a missing object as missing (a DaemonSet owner that does not exist,
     a node that is not there) does the right thing without knowing of it.

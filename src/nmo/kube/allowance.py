@@ -9,7 +9,7 @@ evictions, without a bound (issue 14, item 7). This module bounds them:
 * :class:`BudgetedKube` wraps the operator's client for the webhooks with its
   own, small number of requests in flight (a share of the operator's slots,
   never all of them) and a token-bucket rate; past either, a request fails
-  at once with :class:`nmo.core.errors.TooManyRequests`, never queues;
+  at once with :class:`nmo.kube.errors.TooManyRequests`, never queues;
 * :class:`Shares` puts a token bucket per caller in front of such a client
   (``for_key``): one caller past its own rate is refused the same way and
   leaves the rest of the budget to the others (issue 20: random tokens from
@@ -30,11 +30,11 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from nmo.core.errors import TooManyRequests
-from nmo.core.kube import Params
+from nmo.kube.client import Params
+from nmo.kube.errors import TooManyRequests
 
 if TYPE_CHECKING:  # lookups imports this module
-    from nmo.webhooks.lookups import KubeClient
+    from nmo.kube.client import KubeClient
 
 V = TypeVar("V")
 

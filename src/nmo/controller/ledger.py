@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.errors import Conflict, Forbidden, KubeError, NotFound
-from nmo.core.kube import Kube, api_path, nm_path
-from nmo.core.maintenance import budget as rules
-from nmo.core.maintenance.budget import Admission, BudgetSettings
-from nmo.core.watch import Informer
+from nmo.core.maintenance import admission
+from nmo.core.maintenance.admission import Admission, BudgetSettings
+from nmo.kube.client import Kube, api_path, nm_path
+from nmo.kube.errors import Conflict, Forbidden, KubeError, NotFound
+from nmo.kube.informer import Informer
 
 log = logging.getLogger("nmo.budget")
 
@@ -169,7 +169,7 @@ class Budget:
         out = []
         for obj in self.maintenances.store.values():
             nm = NodeMaintenance.from_api(obj)
-            if rules.awaits_start(nm, node_exists=nm.spec.node_name in self.nodes.store):
+            if admission.awaits_start(nm, node_exists=nm.spec.node_name in self.nodes.store):
                 out.append(nm)
         return out
 
@@ -177,13 +177,13 @@ class Budget:
         """The queued CRs, head first (admitted ones whose status lags are not queued)."""
         admitted = self._seen or {}
         waiting = [nm for nm in self._queue() if nm.metadata.name not in admitted]
-        return [nm.metadata.name for nm in sorted(waiting, key=rules.queue_order)]
+        return [nm.metadata.name for nm in sorted(waiting, key=admission.queue_order)]
 
     def _decide(self, nm: NodeMaintenance, entries: Mapping[str, Mapping[str, str]]) -> Admission:
         admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}
         admitted.pop(nm.metadata.name, None)
-        seen = rules.fleet(admitted, self._queue(), self.nodes.store)
-        return rules.decide(nm, seen, self.settings, self.clock())
+        seen = admission.fleet(admitted, self._queue(), self.nodes.store)
+        return admission.decide(nm, seen, self.settings, self.clock())
 
     def _quick(self, nm: NodeMaintenance) -> Admission | None:
         """A refusal decided on the ledger as last seen, without a request.
@@ -229,7 +229,7 @@ class Budget:
             for _ in range(10):
                 entries, lease = await self._read()
                 if name in entries:
-                    return Admission(True, rules.REASON_ADMITTED, "admitted")
+                    return Admission(True, admission.REASON_ADMITTED, "admitted")
                 pruned = await self._prune(entries)
                 decision = self._decide(nm, entries)
                 if decision.admit:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.core.maintenance.drainstate import PodDrainState
-from nmo.core.watch import Informer
+from nmo.kube.informer import Informer
 
 log = logging.getLogger("nmo.memory")
 

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.errors import KubeError, NotFound
-from nmo.core.kube import Kube, api_path
-from nmo.core.maintenance import quorum as rules
-from nmo.core.maintenance.budget import Admission
+from nmo.core.maintenance import quorum
+from nmo.core.maintenance.admission import Admission
+from nmo.kube.client import Kube, api_path
+from nmo.kube.errors import KubeError, NotFound
 
 OPENSHIFT_TTL = 60.0
 Obj = dict[str, Any]
@@ -49,7 +49,7 @@ class QuorumGuard:
     async def refusal(self, node: Obj) -> Admission | None:
         """None when ``node`` may go into maintenance now; else why it waits."""
         name = str(node["metadata"]["name"])
-        if not rules.is_control_plane(node):
+        if not quorum.is_control_plane(node):
             return None
         try:
             if not await self._is_openshift():
@@ -58,11 +58,11 @@ class QuorumGuard:
                 api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE)
             )
             pods: list[Obj] = []
-            if len(pdbs) == 1 and rules.disruptions_allowed(pdbs[0]) < 1:
+            if len(pdbs) == 1 and quorum.disruptions_allowed(pdbs[0]) < 1:
                 # A handful of pods; the rule matches the PDB's selector itself.
                 pods = await self._items(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE))
         except KubeError as exc:
-            return rules.refusal(name, error=str(exc))
-        if rules.etcd_disruption_allowed(pdbs, pods, name):
+            return quorum.refusal(name, error=str(exc))
+        if quorum.etcd_disruption_allowed(pdbs, pods, name):
             return None
-        return rules.refusal(name)
+        return quorum.refusal(name)

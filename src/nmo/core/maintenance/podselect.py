@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.selectors import selector_error, selector_matches
+from nmo.core.maintenance.selectors import selector_error, selector_matches
 
 Pod = dict[str, Any]
 

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from nmo.core.errors import KubeError
-from nmo.core.lease import LeaseClient, LeaseHeldError, LeaseLost
-from nmo.core.memory import Memory
-from nmo.core.metrics import Metrics
+from nmo.controller.leaseholder import LeaseClient, LeaseHeldError, LeaseLost
+from nmo.controller.memory import Memory
+from nmo.kube.errors import KubeError
+from nmo.telemetry.metrics import Metrics
 
 log = logging.getLogger("nmo.lease")
 

@@ -22,7 +22,7 @@ Deletions at the drain deadline (``onTimeout: Delete``, :meth:`Evictor.force`)
 need ``delete`` on pods, which the chart grants only with
 ``drain.allowPodDeletion``. A pass sends one DELETE first and the others
 only if it was not refused. A 403 is recorded once on the maintenance
-(:class:`~nmo.core.memory.DeletionRefused`): the refused pod shows the
+(:class:`~nmo.controller.memory.DeletionRefused`): the refused pod shows the
 Forbidden message, naming the chart value, in lastError and the Drained
 condition, and no DELETE is sent for that maintenance again until its
 generation changes, nmo may delete pods (a SelfSubjectAccessReview, cached,
@@ -40,10 +40,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from nmo.core import backoff
-from nmo.core.access import POD_DELETION_VALUE, Access
-from nmo.core.errors import Conflict, Forbidden, KubeError, NotFound, TooManyRequests
-from nmo.core.kube import Kube, api_path
+from nmo.controller.memory import DeletionRefused, Memory
 from nmo.core.maintenance.drainstate import (
     REASON_ERROR,
     REASON_EVICTING,
@@ -54,9 +51,12 @@ from nmo.core.maintenance.drainstate import (
     REASON_WAITING,
     PodDrainState,
 )
-from nmo.core.maintenance.pods import pod_key
-from nmo.core.memory import DeletionRefused, Memory
-from nmo.core.metrics import Metrics
+from nmo.core.maintenance.podselect import pod_key
+from nmo.kube import backoff
+from nmo.kube.access import POD_DELETION_VALUE, Access
+from nmo.kube.client import Kube, api_path
+from nmo.kube.errors import Conflict, Forbidden, KubeError, NotFound, TooManyRequests
+from nmo.telemetry.metrics import Metrics
 
 log = logging.getLogger("nmo.drain")
 

@@ -29,27 +29,27 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core import slim
-from nmo.core.access import Access
-from nmo.core.budget import Budget
-from nmo.core.drain import Evictor
-from nmo.core.errors import Conflict, Forbidden, KubeError
-from nmo.core.events import EventRecorder
-from nmo.core.kube import Kube, api_path, node_path
-from nmo.core.leader import LeaderElector, LeaderSettings
-from nmo.core.lease import LeaseClient
-from nmo.core.maintenance.budget import BudgetSettings, unavailable
+from nmo.controller.evictor import Evictor
+from nmo.controller.leader import LeaderElector, LeaderSettings
+from nmo.controller.leaseholder import LeaseClient
+from nmo.controller.ledger import Budget
+from nmo.controller.memory import Memories, Memory
+from nmo.controller.notifier import Notifier, NotifySettings
+from nmo.controller.quorumguard import QuorumGuard
+from nmo.controller.reconciler import NM_PATH, Reconciler
+from nmo.controller.recorder import EventRecorder
+from nmo.controller.renewer import LeaseRenewers
+from nmo.core.maintenance.admission import BudgetSettings, unavailable
 from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import blocked_by
 from nmo.core.maintenance.planner import PlanSettings
-from nmo.core.memory import Memories, Memory
-from nmo.core.metrics import CONTROLLER, Metrics
-from nmo.core.notify import Notifier, NotifySettings
-from nmo.core.queue import WorkQueue
-from nmo.core.quorum import QuorumGuard
-from nmo.core.reconciler import NM_PATH, Reconciler
-from nmo.core.renewer import LeaseRenewers
-from nmo.core.watch import Informer
+from nmo.kube import slim
+from nmo.kube.access import Access
+from nmo.kube.client import Kube, api_path, node_path
+from nmo.kube.errors import Conflict, Forbidden, KubeError
+from nmo.kube.informer import Informer
+from nmo.kube.workqueue import WorkQueue
+from nmo.telemetry.metrics import CONTROLLER, Metrics
 
 log = logging.getLogger("nmo.engine")
 

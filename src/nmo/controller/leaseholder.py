@@ -24,8 +24,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nmo.api import constants as c
-from nmo.core.errors import AlreadyExists, Conflict, NotFound
-from nmo.core.kube import Kube, api_path
 from nmo.core.maintenance.lease import (
     Action,
     Decision,
@@ -34,6 +32,8 @@ from nmo.core.maintenance.lease import (
     build_lease,
     decide,
 )
+from nmo.kube.client import Kube, api_path
+from nmo.kube.errors import AlreadyExists, Conflict, NotFound
 
 FIELD_MANAGER = "nmo"  # the manager the User-Agent nmo/<version> would give anyway
 _WRITE = {"fieldManager": FIELD_MANAGER}

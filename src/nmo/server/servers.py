@@ -10,7 +10,7 @@ main; here each server is a task in the one asyncio loop:
   their connections send small writes at once (no Nagle, see :func:`bind`)
   and stay open while idle longer than the apiserver keeps them, so it is
   never the server that closes a connection a request is on its way to;
-* connections are accepted by nmo's own :class:`~nmo.webhooks.listener.Listener`
+* connections are accepted by nmo's own :class:`~nmo.server.listener.Listener`
   (one per port), not uvicorn's: a cap per port and per peer address, idle
   connections closed for newcomers least recently used first, and deadlines
   for the TLS handshake and a request's headers, so idle or trickling
@@ -18,7 +18,7 @@ main; here each server is a task in the one asyncio loop:
   (issue 20);
 * the API requests untrusted callers can cause (webhook lookups, metrics
   TokenReviews) go through budgets of their own, shared out per caller
-  (:class:`~nmo.webhooks.budget.Shares`), proven callers apart;
+  (:class:`~nmo.kube.allowance.Shares`), proven callers apart;
 * uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
   stops the servers by cancelling :func:`serve`;
 * a shutdown first *drains* (:meth:`Servers.drain`): the servers keep
@@ -30,7 +30,7 @@ main; here each server is a task in the one asyncio loop:
   closed network connection"). Told to close, it closes the connection
   itself after the answer and dials again, to a pod still in the Service.
   Only connections unused for the whole delay are closed by nmo;
-* TLS uses a context from :mod:`nmo.webhooks.tls`, given to uvicorn through
+* TLS uses a context from :mod:`nmo.server.tls`, given to uvicorn through
   ``ssl_context_factory`` so the certificate can be rotated in place;
   HTTP/2 is never served (uvicorn's h11 protocol is HTTP/1.1 only, which is
   also controller-runtime's default since CVE-2023-44487).
@@ -59,14 +59,15 @@ import uvicorn
 from fastapi import FastAPI
 
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
-from nmo.core.metrics import Metrics
-from nmo.webhooks.app import create_metrics_app, create_probes_app, create_webhook_app
-from nmo.webhooks.intake import BODY_GRACE_SECONDS, BODY_SECONDS, MIN_BODY_RATE
-from nmo.webhooks.listener import ConnectionLimits, Listener, guarded_protocol
-from nmo.webhooks.lookups import KubeClient, LookupSettings, ObjectCache, build_lookups
-from nmo.webhooks.metrics_auth import MetricsAuth
-from nmo.webhooks.probes import Check, CheckFailed, Leading, Probes
-from nmo.webhooks.tls import ReloadingCertificate, require_client_certificates, write_self_signed
+from nmo.kube.client import KubeClient
+from nmo.server.app import create_metrics_app, create_probes_app, create_webhook_app
+from nmo.server.intake import BODY_GRACE_SECONDS, BODY_SECONDS, MIN_BODY_RATE
+from nmo.server.listener import ConnectionLimits, Listener, guarded_protocol
+from nmo.server.metricsauth import MetricsAuth
+from nmo.server.probes import Check, CheckFailed, Leading, Probes
+from nmo.server.tls import ReloadingCertificate, require_client_certificates, write_self_signed
+from nmo.telemetry.metrics import Metrics
+from nmo.webhooks.lookups import LookupSettings, ObjectCache, build_lookups
 from nmo.webhooks.validators import Lookups
 
 log = logging.getLogger("nmo.webhooks.servers")
@@ -103,7 +104,7 @@ class ServerSettings:
     # must be the side that closes, or a request sent on a connection the
     # server is closing that instant fails ("EOF"), a failed admission.
     keep_alive_seconds: int = 120
-    # Per port; see nmo.webhooks.listener (issue 14: idle sockets filled 512 Mi).
+    # Per port; see nmo.server.listener (issue 14: idle sockets filled 512 Mi).
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     body_seconds: float = BODY_SECONDS  # an admission request's body must arrive within
     min_body_rate: float = MIN_BODY_RATE  # bytes a second, on average, after body_grace

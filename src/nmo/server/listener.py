@@ -44,7 +44,7 @@ Guarantees of :class:`Listener` and :class:`GuardedH11Protocol`:
 * a request's headers must have arrived within ``header_seconds`` of the
   connection (or of the request's first byte on a kept-alive connection);
   the body's own deadline and minimum rate are the app's (see
-  :mod:`nmo.webhooks.intake`);
+  :mod:`nmo.server.intake`);
 * the probes port has its own listener and loop task, so a flood on the
   webhook port only costs it event-loop turns, never a connection slot.
 
@@ -70,8 +70,8 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmo.webhooks.budget import KeyedBuckets
-from nmo.webhooks.intake import BODY_GRACE_SECONDS, BUFFERED
+from nmo.kube.allowance import KeyedBuckets
+from nmo.server.intake import BODY_GRACE_SECONDS, BUFFERED
 
 log = logging.getLogger("nmo.webhooks.listener")
 

@@ -1,0 +1,2 @@
+"""The controller runtime: reconciler, evictor, lease renewal, leader election
+and the admission ledger."""

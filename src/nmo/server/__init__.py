@@ -1,0 +1,1 @@
+"""The HTTP server stack: listener, TLS, probes, metrics authentication, request limits."""

@@ -1,0 +1,1 @@
+"""Metrics and structured logs: what every layer records, importing nothing of nmo."""
