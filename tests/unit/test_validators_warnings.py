@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 import respx
-from test_webhook_lookups import Clock, FakeCache, FakeKube
+from test_lookups import Clock, FakeCache, FakeKube
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.requests import Request
-from test_webhook_intake import review
+from test_intake import review
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH

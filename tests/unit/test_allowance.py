@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_webhook_intake import review
-from test_webhook_lookups import Clock, FakeCache, FakeKube, make
+from test_intake import review
+from test_lookups import Clock, FakeCache, FakeKube, make
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH

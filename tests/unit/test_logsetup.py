@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_webhook_intake import review
+from test_intake import review
 from webhook_fakes import FakeLookups, node
 
 from nmo.api.constants import WEBHOOK_PATH

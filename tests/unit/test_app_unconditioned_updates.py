@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import pytest
-from test_webhook_app import client, count, review
+from test_app import client, count, review
 from webhook_fakes import nm
 
 from nmo.api.constants import WEBHOOK_PATH, Messages
