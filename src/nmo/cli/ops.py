@@ -1,9 +1,10 @@
 """CLI glue for the operations toolkit: ``nmo gather``, ``cleanup``, ``status``, ``plan``.
 
-Parses flags, connects, asks for confirmation and prints; the decisions and
-the I/O live in :mod:`nmo.ops`. Exit codes: 0 done (or nothing to do), 1 an
-error or a refusal, 2 bad usage; ``nmo plan`` also exits 3 when a drain
-would be blocked right now (:data:`EXIT_BLOCKED`).
+Connects, asks for confirmation and prints; the flags are in
+:mod:`nmo.cli.flags`, the decisions and the I/O in :mod:`nmo.ops`. Exit
+codes: 0 done (or nothing to do), 1 an error or a refusal, 2 bad usage;
+``nmo plan`` also exits 3 when a drain would be blocked right now
+(:data:`EXIT_BLOCKED`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,7 +22,6 @@ from rich.live import Live
 from rich.markup import escape
 
 from nmo.api import constants as c
-from nmo.cli.defaults import namespaces_arg
 from nmo.core.maintenance.selectors import parse_selector
 from nmo.kube.client import Kube, RetryPolicy
 from nmo.kube.errors import Conflict, KubeconfigError, KubeError
@@ -33,85 +32,6 @@ from nmo.ops.observe import NodeMissing, plan_node
 
 COMMANDS = ("gather", "cleanup", "status", "plan")
 EXIT_BLOCKED = 3  # nmo plan: some node's drain would be blocked right now
-
-
-def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    p.add_argument("--context", default=None)
-    p.add_argument(
-        "--lease-namespace",
-        default=os.environ.get(c.LEASE_NAMESPACE_ENV) or c.LEASE_NAMESPACE_DEFAULT,
-        help="namespace of the medik8s node leases (env LEASE_NAMESPACE)",
-    )
-
-
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    g = sub.add_parser("gather", help="collect a must-gather bundle (directory and .tar.gz)")
-    g.add_argument("--dest", default=".", help="where the bundle is written (default: .)")
-    g.add_argument("--since", default=None, help="only logs newer than this (e.g. 30m, 2h)")
-    g.add_argument("--operator-namespace", default=c.OPERATOR_NAMESPACE)
-    _connection(g)
-
-    cu = sub.add_parser(
-        "cleanup",
-        help="emergency: take a node out of maintenance without the operator",
-        description="Undo what a dead operator left on NODE (guide section 6). "
-        "This bypasses the operator; prefer deleting the NodeMaintenance while it runs.",
-    )
-    cu.add_argument("node")
-    cu.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    cu.add_argument("--force", action="store_true", help="proceed even if an nmo leader is alive")
-    cu.add_argument(
-        "--delete-maintenance",
-        action="store_true",
-        help="also delete the node's NodeMaintenance objects",
-    )
-    cu.add_argument("--operator-namespace", default=c.OPERATOR_NAMESPACE)
-    _connection(cu)
-
-    s = sub.add_parser("status", help="show maintenances: phase, progress, pending pods, lease")
-    s.add_argument("name", nargs="?", default=None)
-    s.add_argument("--node", default=None, help="the maintenance of this node")
-    s.add_argument("--watch", "-w", action="store_true", help="redraw as the status changes")
-    s.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    _connection(s)
-
-    p = sub.add_parser(
-        "plan",
-        help="preflight: what a maintenance of NODE would evict, skip and wait on, "
-        "and which PodDisruptionBudgets would block it now",
-        description="Changes nothing. Exit codes: 0 nothing blocks, 3 a drain would be "
-        "blocked right now (a PodDisruptionBudget allowing no disruption, a pod under two "
-        "PDBs, an unknown drain rule), 1 an error such as a missing node.",
-    )
-    add_plan_arguments(p)
-    _connection(p)
-
-
-def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("nodes", nargs="+", metavar="NODE")
-    p.add_argument(
-        "--pod-selector",
-        default=None,
-        metavar="SELECTOR",
-        help="evict only the pods matching this label selector, as spec.drain.podSelector "
-        "would (kubectl -l syntax, e.g. 'app=web,tier!=db')",
-    )
-    p.add_argument(
-        "--critical-pods-last",
-        action="store_true",
-        help="order the drain as an operator started with --critical-pods-last does "
-        "(critical priority classes after the others)",
-    )
-    p.add_argument(
-        "--pod-drain-rules-namespaces",
-        type=namespaces_arg,
-        default=frozenset(),
-        metavar="NS[,NS...]",
-        help="honour pods' own drain rules in these namespaces, as an operator started "
-        "with the same flag does ('*': every namespace; default: none, as the Go NMO)",
-    )
-    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
 
 def main(args: argparse.Namespace) -> int:

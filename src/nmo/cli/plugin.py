@@ -13,6 +13,10 @@ x nm status``); ``$KUBECONFIG`` is honoured.
 Exit codes: 0 done, 1 an error (the API's message, e.g. a webhook denial,
 printed as is), 2 bad usage, 3 ``plan`` found a drain that would be blocked,
 130 interrupted.
+
+A command loads the client and the console when it runs, not before:
+``kubectl nm --help`` and a usage error need only the parser, and no
+command loads the HTTP server (tests/unit/test_cli_startup.py).
 """
 
 from __future__ import annotations
@@ -21,20 +25,20 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from nmo.api import constants as c
-from nmo.api.models import OnTimeout
-from nmo.cli import ops
+from nmo.cli.flags import ON_TIMEOUT, add_plan_arguments
 from nmo.core.maintenance.selectors import parse_selector
-from nmo.kube.client import Kube, nm_path, node_path
-from nmo.kube.errors import KubeError, NotFound
-from nmo.ops import summary
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from nmo.kube.client import Kube
+    from nmo.kube.errors import KubeError
+    from nmo.ops import summary
 
 PROG = "kubectl nm"
-NM_PATH = nm_path()
 POLL_SECONDS = 1.0
 
 
@@ -76,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Changes nothing. Exit 0 when nothing blocks, 3 when a drain would be "
         "blocked right now, 1 on errors.",
     )
-    ops.add_plan_arguments(p)
+    add_plan_arguments(p)
     _global(p)
 
     start = sub.add_parser("start", help="put NODE into maintenance (create a NodeMaintenance)")
@@ -92,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument(
         "--on-timeout",
-        choices=[a.value for a in OnTimeout],
+        choices=list(ON_TIMEOUT),
         default=None,
         help="spec.drain.onTimeout: what happens at the deadline",
     )
@@ -148,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.command in ("status", "plan", "cleanup"):
+            from nmo.cli import ops
+
             if args.command == "status" and args.name and args.node:
                 print(f"{PROG} status: give NAME or --node, not both", file=sys.stderr)
                 return 2
@@ -190,6 +196,8 @@ def _api_error(err: Console, exc: KubeError) -> None:
 
 
 async def _connect(args: argparse.Namespace, err: Console) -> Kube | None:
+    from nmo.cli import ops
+
     kube = await ops.connect(args, err)
     if kube is not None:
         kube.on_warning = lambda text: err.print(f"Warning: {text}", soft_wrap=True, markup=False)
@@ -207,6 +215,13 @@ def _phase_done(summaries: list[summary.Obj]) -> int | None:
 
 
 async def start(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from nmo.cli import ops
+    from nmo.kube.client import nm_path
+    from nmo.kube.errors import KubeError
+    from nmo.ops import summary
+
     err = Console(stderr=True, highlight=False)
     try:
         body = maintenance_body(args)
@@ -219,7 +234,7 @@ async def start(args: argparse.Namespace) -> int:
         return 1
     try:
         try:
-            await kube.create(NM_PATH, body)
+            await kube.create(nm_path(), body)
         except KubeError as exc:
             _api_error(err, exc)
             return 1
@@ -258,6 +273,10 @@ def restored(node: dict[str, Any]) -> bool:
 
 
 async def stop(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from nmo.kube.errors import KubeError
+
     err = Console(stderr=True, highlight=False)
     kube = await _connect(args, err)
     if kube is None:
@@ -272,13 +291,18 @@ async def stop(args: argparse.Namespace) -> int:
 
 
 async def _maintenances_of(kube: Kube, node: str) -> list[str]:
-    items = (await kube.list_all(NM_PATH)).get("items") or []
+    from nmo.kube.client import nm_path
+
+    items = (await kube.list_all(nm_path())).get("items") or []
     return sorted(
         str(m["metadata"]["name"]) for m in items if (m.get("spec") or {}).get("nodeName") == node
     )
 
 
 async def _stop(kube: Kube, args: argparse.Namespace, err: Console) -> int:
+    from nmo.kube.client import nm_path, node_path
+    from nmo.kube.errors import NotFound
+
     node = args.node
     names = await _maintenances_of(kube, node)
     if not names:
@@ -286,7 +310,7 @@ async def _stop(kube: Kube, args: argparse.Namespace, err: Console) -> int:
         return 1
     for name in names:
         try:
-            await kube.delete(f"{NM_PATH}/{name}")
+            await kube.delete(nm_path(name))
         except NotFound:
             pass
         print(f'nodemaintenance.{c.GROUP} "{name}" deleted', flush=True)

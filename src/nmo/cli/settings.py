@@ -1,0 +1,178 @@
+"""``nmo run``'s flags as settings: parsed once, then passed down as one tree.
+
+Why this module exists: the flags (:mod:`nmo.cli.flags`) say what the user
+typed; the settings say what each part of the operator is to do (the engine,
+its plan and fleet budget, the notifications, the servers). Every check
+that needs more than argparse is here and raises ValueError with the
+sentence ``nmo run`` logs before it exits 2, before anything connects.
+Nothing here does I/O but read the environment and the service account's
+namespace file (:mod:`nmo.cli.defaults`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmo.api.models import OnTimeout
+from nmo.cli import goflags
+from nmo.cli.defaults import leader_election_namespace, shutdown_delay, webhook_cert_dir
+from nmo.controller.engine import EngineSettings
+from nmo.controller.notifier import NotifySettings, check_url, shown
+from nmo.core.maintenance.admission import BudgetSettings, parse_max_unavailable, parse_window
+from nmo.core.maintenance.planner import PlanSettings
+from nmo.server.servers import ServerSettings
+
+
+@dataclass(frozen=True)
+class Connection:
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``nmo run`` was told: parsed once, then passed down as one tree."""
+
+    connection: Connection
+    engine: EngineSettings
+    servers: ServerSettings
+
+
+def budget_settings(args: argparse.Namespace) -> BudgetSettings:
+    """The fleet budget from the flags; ValueError says what is wrong."""
+    if args.max_parallel_maintenances < 0:
+        raise ValueError(
+            f"--max-parallel-maintenances must be 0 (no limit) or more "
+            f"(got {args.max_parallel_maintenances})"
+        )
+    if args.max_unavailable:
+        parse_max_unavailable(args.max_unavailable)
+    window = None
+    if args.window_days:
+        window = parse_window(
+            args.window_days, args.window_start, args.window_end, args.window_timezone
+        )
+    return BudgetSettings(
+        max_parallel=args.max_parallel_maintenances,
+        max_unavailable=args.max_unavailable,
+        window=window,
+    )
+
+
+def notify_settings(args: argparse.Namespace) -> NotifySettings | None:
+    """Notifications from the flags (None: off); ValueError says what is wrong."""
+    if not args.notify_url:
+        return None
+    if (problem := check_url(args.notify_url)) is not None:
+        # Echoed as scheme://host[:port]: the rest may be the secret (Slack, Discord).
+        raise ValueError(f"--notify-url {problem} (got {shown(args.notify_url)!r})")
+    if args.notify_timeout <= 0:
+        raise ValueError(f"--notify-timeout must be more than 0 (got {args.notify_timeout:g})")
+    return NotifySettings(url=args.notify_url, timeout=args.notify_timeout)
+
+
+def _address(
+    go_flag: str, go_value: str | None, port_flag: str, port: int | None, default: int
+) -> tuple[str | None, int | None]:
+    """(host, port) of one server from its Go address or nmo's port flag.
+
+    host None: nmo's ``--bind-address``; port None: the server is off.
+    """
+    if go_value is None:
+        return None, default if port is None else port
+    if port is not None:
+        raise ValueError(f"give --{go_flag} or {port_flag}, not both")
+    address = goflags.parse_bind_address(go_flag, go_value)
+    if address is None:
+        return None, None
+    return address.host, address.port
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
+    """The servers from nmo's and the Go NMO's flags; ValueError says what is wrong."""
+    probes_host, probes_port = _address(
+        "health-probe-bind-address",
+        args.health_probe_bind_address,
+        "--health-probe-port",
+        args.health_probe_port,
+        8081,
+    )
+    metrics_host, metrics_port = _address(
+        "metrics-bind-address", args.metrics_bind_address, "--metrics-port", args.metrics_port, 8443
+    )
+    # The Go NMO up to 0.20 served plain /metrics (on :8080) to a kube-rbac-proxy
+    # sidecar, which does the TLS and the authorization and proxies
+    # http://127.0.0.1:8080/; its Deployments pass --metrics-bind-address=
+    # 127.0.0.1:8080. A loopback metrics address keeps that layout working.
+    secure = args.metrics_secure
+    if secure is None:
+        secure = not _loopback(metrics_host)
+    return ServerSettings(
+        bind_address=args.bind_address,
+        probes_bind_address=probes_host,
+        metrics_bind_address=metrics_host,
+        webhook_port=args.webhook_port if args.enable_webhook else None,
+        probes_port=probes_port,
+        metrics_port=metrics_port,
+        cert_dir=Path(webhook_cert_dir(args.cert_dir)),
+        webhook_client_ca=Path(args.webhook_client_ca) if args.webhook_client_ca else None,
+        metrics_secure=secure,
+        metrics_cert_dir=Path(args.metrics_cert_dir) if args.metrics_cert_dir else None,
+        require_webhook_for_ready=args.require_webhook_for_readiness,
+        enable_http2=args.enable_http2,
+        shutdown_delay_seconds=shutdown_delay(args.shutdown_delay_seconds, os.environ),
+    )
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    engine = EngineSettings(
+        lease_namespace=args.lease_namespace,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
+        max_parallel_evictions=args.max_parallel_evictions,
+        lease_renew_interval=args.lease_renew_interval,
+        leader_election=args.leader_elect,
+        leader_election_namespace=leader_election_namespace(
+            args.leader_election_namespace, os.environ
+        ),
+        leader_election_id=args.leader_election_id,
+        leader_lease_duration=args.leader_lease_duration,
+        leader_renew_deadline=args.leader_renew_deadline,
+        leader_retry_period=args.leader_retry_period,
+        budget=budget_settings(args),
+        budget_namespace=args.budget_namespace,
+        plan=PlanSettings(
+            status_interval=args.status_interval,
+            heartbeat=args.status_heartbeat,
+            drain_timeout=args.drain_timeout,
+            on_timeout=OnTimeout(args.drain_on_timeout),
+            critical_last=args.critical_pods_last,
+            pod_rules_namespaces=args.pod_drain_rules_namespaces,
+            max_drain_seconds=max(0, args.max_drain_seconds),
+            max_drain_action=OnTimeout(args.max_drain_action),
+        ),
+    )
+    if args.identity:
+        engine.identity = args.identity
+    engine.notify = notify_settings(args)
+    servers = server_settings(args)
+    return Settings(
+        connection=Connection(
+            kubeconfig=args.kubeconfig, context=args.context, in_cluster=args.in_cluster
+        ),
+        engine=engine,
+        servers=servers,
+    )
