@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from nmo.api.models import NodeMaintenance, Phase
+from nmo.api.models import NodeMaintenance
 from nmo.controller import ledger
-from nmo.core.maintenance import admission, planner
-from nmo.core.maintenance.observed import Observed, Recall, Work
+from nmo.core.maintenance import admission
 from nmo.kube.errors import Forbidden, Invalid, KubeError, NotFound, Transient
 
 Obj = dict[str, Any]
@@ -187,47 +186,6 @@ def test_bad_windows(days: str, start: str, end: str, tz: str, error: str) -> No
 def test_day_ranges_wrap() -> None:
     assert admission.parse_days("Fri-Mon") == frozenset({4, 5, 6, 0})
     assert admission.parse_days("sat, Sun") == frozenset({5, 6})
-
-
-# -- the planner with an admission -------------------------------------------------------
-
-
-def observed(cr: NodeMaintenance, admission: admission.Admission) -> Observed:
-    return Observed(
-        nm=cr,
-        others=(),
-        node={"metadata": {"name": "n1", "uid": "x", "labels": {}}, "spec": {}},
-        pods=(),
-        daemonsets={},
-        drain={},
-        recall=Recall(),
-        now=NOW,
-        tick=0.0,
-        admission=admission,
-    )
-
-
-def test_a_queued_cr_is_pending_and_nothing_else_happens() -> None:
-    wait = admission.Admission(
-        False, admission.REASON_BUDGET, "position 1 of 1 in the queue: ...", 1, 1
-    )
-    plan = planner.plan(observed(nm("q", "n1"), wait))
-    assert plan.work is Work.QUEUED and plan.metadata is None and plan.node_patch is None
-    assert plan.evict == () and plan.events == () and plan.lease.value == "none"
-    assert plan.status is not None and plan.status.phase is Phase.PENDING
-    (cond,) = plan.status.conditions or []
-    assert (cond.type, cond.status.value, cond.reason) == ("Queued", "True", "BudgetExhausted")
-    assert plan.result.requeue_after == planner.SETTINGS.queue_recheck
-
-
-def test_an_admitted_cr_starts_and_says_so() -> None:
-    plan = planner.plan(
-        observed(nm("q", "n1"), admission.Admission(True, admission.REASON_ADMITTED, "admitted"))
-    )
-    assert plan.work is Work.RUN and plan.metadata is not None
-    assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED  # no pods
-    queued = [x for x in plan.status.conditions or [] if x.type == "Queued"]
-    assert [(x.status.value, x.reason) for x in queued] == [("False", "Admitted")]
 
 
 def test_an_admitted_cr_not_yet_running_is_not_ahead_in_the_queue() -> None:

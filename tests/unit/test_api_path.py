@@ -14,7 +14,9 @@ import pytest
 import respx
 
 from nmo.api.names import is_valid_name, name_error
+from nmo.controller.memory import Memory
 from nmo.controller.reconciler import Reconciler
+from nmo.core.maintenance.observed import Read, ReadKind
 from nmo.kube.client import Kube, api_path, node_path
 from nmo.kube.errors import InvalidName, NotFound
 
@@ -74,6 +76,10 @@ def _pod(owner: str, name: str = "p") -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "ownerReferences": [ref]}}
 
 
+def _reconciler(kube: Kube) -> Reconciler:
+    return Reconciler(SimpleNamespace(kube=kube))  # type: ignore[arg-type]  # reads use kube only
+
+
 async def test_a_crafted_daemonset_owner_is_not_fetched_and_not_a_daemonset(
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
@@ -81,12 +87,10 @@ async def test_a_crafted_daemonset_owner_is_not_fetched_and_not_a_daemonset(
         json={"metadata": {"name": "ds"}}
     )
     anything = api_server.route(name="anything").respond(200, json={})
-    reconciler = Reconciler.__new__(Reconciler)
-    reconciler.kube = kube
-    record = SimpleNamespace(daemonsets={}, node="n1")
+    record = Memory(uid="u1", name="nm-1", node="n1")
     crafted = "x/../../../../api/v1/namespaces/kube-system/secrets/token"
-    pods = (_pod("ds", "a"), _pod(crafted, "b"), _pod("x?watch=1", "c"), _pod("", "d"))
-    await reconciler._daemonsets(record, pods)  # type: ignore[arg-type]
+    owners = ["ns/ds", f"ns/{crafted}", "ns/x?watch=1", "ns/"]
+    await _reconciler(kube)._read(tuple(Read(ReadKind.DAEMONSET, o) for o in owners), record)
     assert record.daemonsets == {
         "ns/ds": True,
         f"ns/{crafted}": False,
@@ -101,10 +105,11 @@ async def test_a_crafted_node_name_is_a_missing_node_without_a_request(
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
     anything = api_server.route(name="anything").respond(200, json={})
-    reconciler = Reconciler.__new__(Reconciler)
-    reconciler.kube = kube
-    reconciler.nodes = SimpleNamespace(get=lambda name: None)  # type: ignore[assignment]
-    assert await reconciler._node("../../api/v1/namespaces/kube-system/secrets/x") is None
+    record = Memory(uid="u1", name="nm-1", node="n1")
+    crafted = "../../api/v1/namespaces/kube-system/secrets/x"
+    await _reconciler(kube)._read((Read(ReadKind.NODE, crafted),), record)
+    assert record.fetched.node_read
+    assert record.fetched.node is None
     assert anything.call_count == 0
 
 

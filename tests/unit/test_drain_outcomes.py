@@ -70,7 +70,7 @@ async def drive(kube: Kube, pods: list[dict[str, Any]]) -> tuple[Memory, list[st
     """Start every pod's eviction as a pass would, and wait for the answers."""
     changed: list[str] = []
     metrics = Metrics()
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     evictor = Evictor(kube, max_parallel=2, on_change=changed.append, metrics=metrics)
     plan = look(record, pods)
     assert [p["metadata"]["name"] for p in plan.due] == [p["metadata"]["name"] for p in pods]
@@ -155,7 +155,7 @@ async def test_parallelism_is_bounded(api_server: respx.MockRouter, kube: Kube) 
 
     for i in range(6):
         api_server.post(eviction(f"p{i}")).mock(side_effect=slow)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     evictor = Evictor(kube, max_parallel=2, on_change=lambda _n: None, metrics=Metrics())
     evictor.start(record, tuple(pod(f"p{i}", uid=f"u{i}") for i in range(6)))
     for _ in range(20):
@@ -194,7 +194,7 @@ async def test_forced_deletion_answers(
 ) -> None:
     route = api_server.delete("/api/v1/namespaces/ns/pods/p").mock(return_value=response)
     metrics = Metrics()
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     evictor = Evictor(kube, max_parallel=2, on_change=lambda _n: None, metrics=metrics)
     assert await evictor.force_delete(record, pod("p", uid="u9"), 0) is deleted
     sent = route.calls.last.request

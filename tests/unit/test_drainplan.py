@@ -24,6 +24,8 @@ from nmo.core.maintenance.nodepatch import PriorState
 from nmo.core.maintenance.observed import LeaseStep, Observed, Recall, Work
 from nmo.core.maintenance.podselect import every_namespace, grace_seconds, order_key, select_pods
 
+SINCE = datetime(2026, 1, 1, tzinfo=UTC)  # a drain state's "since" (any fixed time)
+
 ALL = every_namespace  # these tables test the pod rules themselves
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 START = NOW - timedelta(seconds=100)
@@ -85,7 +87,12 @@ def pdb(name: str = "db-pdb", *, desired: int = 3, current: int = 3, allowed: in
 
 def blocked_state(name: str, pdb_name: str = "db-pdb") -> PodDrainState:
     return PodDrainState(
-        uid=f"uid-{name}", reason=REASON_PDB, message="Cannot evict", pdb=pdb_name, next_attempt=1e9
+        uid=f"uid-{name}",
+        since=SINCE,
+        reason=REASON_PDB,
+        message="Cannot evict",
+        pdb=pdb_name,
+        next_attempt=1e9,
     )
 
 
@@ -122,9 +129,9 @@ def _subject(rule: str, order: str, state: str) -> tuple[Obj, dict[str, PodDrain
     if state == "blocked":
         states["app/subject"] = blocked_state("subject")
     elif state == "forced":
-        states["app/subject"] = PodDrainState(uid="uid-subject", forced=True)
+        states["app/subject"] = PodDrainState(uid="uid-subject", since=SINCE, forced=True)
     elif state == "in-flight":
-        states["app/subject"] = PodDrainState(uid="uid-subject", in_flight=True)
+        states["app/subject"] = PodDrainState(uid="uid-subject", since=SINCE, in_flight=True)
     return p, states
 
 
@@ -467,7 +474,7 @@ def test_planner_delete_forces_past_the_deadline() -> None:
     plan = planner.plan(
         observed(running_nm({"timeoutSeconds": 60, "onTimeout": "Delete"}), [pod("db")], states)
     )
-    assert [(p["metadata"]["name"], g) for p, g in plan.force] == [("db", 30)]
+    assert [(f.pod["metadata"]["name"], f.grace) for f in plan.force] == [("db", 30)]
     assert plan.timed_out is OnTimeout.DELETE and not plan.result.terminal
 
 

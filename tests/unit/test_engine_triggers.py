@@ -11,6 +11,8 @@ from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.kube.client import Kube
 from nmo.telemetry.metrics import Metrics
 
+SINCE = datetime(2026, 1, 1, tzinfo=UTC)  # a drain state's "since" (any fixed time)
+
 
 def _engine(kube: Kube) -> Engine:
     engine = Engine(kube, EngineSettings(leader_election=False), Metrics())
@@ -34,7 +36,7 @@ async def test_a_pdb_that_allows_disruptions_unblocks_its_longest_waiting_pods(
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
     engine = _engine(kube)
-    record = engine.memories.recall("nm-1", "n1")
+    record = engine.memories.recall("uid-nm-1", "nm-1", "n1")
     record.drain.update(
         {
             "app/a": _blocked("web", 10),
@@ -56,8 +58,8 @@ async def test_the_last_pod_leaving_wakes_the_maintenance_at_once(
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
     engine = _engine(kube)
-    record = engine.memories.recall("nm-1", "n1")
-    record.drain["app/a"] = PodDrainState(uid="u", evicted=True)
+    record = engine.memories.recall("uid-nm-1", "nm-1", "n1")
+    record.drain["app/a"] = PodDrainState(uid="u", since=SINCE, evicted=True)
     engine._watch_pods(record)
     assert record.pods is not None
     record.pods.store["app/a"] = {"metadata": {"name": "a", "namespace": "app"}}
@@ -66,7 +68,7 @@ async def test_the_last_pod_leaving_wakes_the_maintenance_at_once(
     del record.pods.store["app/a"]
     engine._on_pod(record, "DELETED", {"metadata": {"name": "a", "namespace": "app"}})
     assert len(engine.queue) == 1, "no debounce once nothing is left to evict"
-    engine.memories.forget("nm-1")
+    engine.memories.forget("uid-nm-1")
 
 
 async def test_node_events_wake_only_its_maintenances(

@@ -79,7 +79,7 @@ async def test_a_403_is_reported_once_and_no_delete_follows(
     review = api_server.post(REVIEWS_PATH).mock(return_value=answer(False))
     changed: list[str] = []
     ev = evictor(kube, changed)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     pods = (pod("a"), pod("b"))
     force = tuple((p, 30) for p in pods)
     assert await ev.force(record, force, generation=1) == (False, False)
@@ -108,7 +108,7 @@ async def test_eviction_answers_do_not_hide_the_refusal(
     api_server.post(REVIEWS_PATH).mock(return_value=answer(False))
     api_server.post(deletion("a") + "/eviction").mock(return_value=PDB_429)
     ev = evictor(kube)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     await ev.force(record, ((pod("a"), 1),), generation=1)
     error = last_error(record, [pod("a")])
     ev.start(record, (pod("a"),))  # the eviction goes on behind its PDB
@@ -126,7 +126,7 @@ async def test_the_refusal_is_lifted(api_server: respx.MockRouter, kube: Kube, l
         side_effect=[answer(False), answer(lift == "permission")]
     )
     ev = evictor(kube, forbidden_retry=0.0 if lift == "interval" else 600.0)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     force = ((pod("a"), 1),)
     assert await ev.force(record, force, generation=1) == (False,)
     generation = 2 if lift == "spec" else 1
@@ -147,7 +147,7 @@ async def test_a_refusal_by_admission_is_not_lifted_by_rbac(
     )  # fmt: skip
     reviews = api_server.post(REVIEWS_PATH).mock(return_value=answer(True))
     ev = evictor(kube)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     for _ in range(3):
         assert await ev.force(record, ((pod("a"), 1),), generation=1) == (False,)
     assert reviews.call_count == 1  # asked once, when refused
@@ -162,7 +162,7 @@ async def test_the_refusal_moves_to_a_pod_still_there(
     api_server.delete(deletion("a")).mock(return_value=FORBIDDEN)
     api_server.post(REVIEWS_PATH).mock(return_value=answer(False))
     ev = evictor(kube)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     await ev.force(record, ((pod("a"), 1), (pod("b"), 1)), generation=1)
     del record.drain["ns/a"]  # a left (evicted once its PDB allowed it): its state is dropped
     await ev.force(record, ((pod("b"), 1),), generation=1)
@@ -177,7 +177,7 @@ async def test_other_failures_back_off_instead_of_every_pass(
         return_value=httpx.Response(500, json={"message": "etcdserver: request timed out"})
     )
     ev = evictor(kube, base_backoff=60.0, max_backoff=60.0)
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     assert await ev.force(record, ((pod("a"), 1),), generation=1) == (False,)
     sent = route.call_count  # the boundary retries a 500 a few times within one attempt
     for _ in range(3):
@@ -197,7 +197,7 @@ async def test_stopping_the_drain_forgets_the_refusal(
 ) -> None:
     api_server.delete(deletion("a")).mock(return_value=FORBIDDEN)
     api_server.post(REVIEWS_PATH).mock(return_value=answer(False))
-    record = Memory(name="nm-1", node="n1")
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
     await evictor(kube).force(record, ((pod("a"), 1),), generation=1)
     assert record.deletion_refused is not None
     record.stop_drain()

@@ -42,14 +42,14 @@ async def forever() -> None:
 
 async def test_forget_stops_every_task_of_the_record() -> None:
     memories = Memories()
-    record = memories.recall("nm-1", "n1")
+    record = memories.recall("uid-nm-1", "nm-1", "n1")
     loop = asyncio.get_running_loop()
     record.renewer = loop.create_task(forever())
     record.pods_task = loop.create_task(forever())
     eviction = loop.create_task(forever())
     record.evictions.add(eviction)
     assert memories.tasks == 3
-    memories.forget("nm-1")
+    memories.forget("uid-nm-1")
     await asyncio.sleep(0)
     assert memories.tasks == 0 and len(memories) == 0
     assert record.forgotten
@@ -72,7 +72,7 @@ async def test_a_cr_gone_unseen_leaves_no_task_running(
         ]
     )
     await engine.maintenances._relist()
-    record = engine.memories.recall("a", "n1")
+    record = engine.memories.recall("uid-a", "a", "n1")
     record.renewer = asyncio.get_running_loop().create_task(forever())
     record.lease_held = True
     if how == "delete-event":
@@ -81,7 +81,7 @@ async def test_a_cr_gone_unseen_leaves_no_task_running(
         # finalizer stripped and CR deleted during a watch gap: the re-list lacks it
         await engine.maintenances._relist()
     await asyncio.sleep(0)
-    assert engine.memories.get("a") is None
+    assert engine.memories.get("uid-a") is None
     assert engine.memories.tasks == 0
     assert record.renewer is None and record.forgotten
     # a late start (a pass still in flight) cannot revive it
@@ -110,7 +110,7 @@ async def test_a_failed_renewal_is_recorded_and_wakes_the_cr(
     engine = Engine(kube, EngineSettings(leader_election=False), Metrics())
     engine.renewers.interval = 0.0
     engine.renewers.on_failure = woken.append
-    record = engine.memories.recall("nm-1", "n1")
+    record = engine.memories.recall("uid-nm-1", "nm-1", "n1")
     engine.renewers.start(record, {"metadata": {"uid": "u1"}})
     assert record.lease_held
     task = record.renewer
@@ -144,7 +144,7 @@ async def test_a_stop_lets_the_renewal_in_flight_finish_before_the_release(
     metrics = Metrics()
     engine = Engine(kube, EngineSettings(leader_election=False), metrics)
     engine.renewers.interval = 0.0
-    record = engine.memories.recall("nm-1", "n1")
+    record = engine.memories.recall("uid-nm-1", "nm-1", "n1")
     engine.renewers.start(record, {"metadata": {"name": "n1", "uid": "u1"}})
     await asyncio.wait_for(entered.wait(), 5)
     record.stop()

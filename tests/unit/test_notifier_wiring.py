@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
 from nmo.controller.engine import Engine, EngineSettings
 from nmo.controller.notifier import Notifier, NotifySettings
+from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import Emit, Observed, Plan, Recall
 from nmo.kube.client import Kube
 from nmo.telemetry.metrics import Metrics
@@ -58,16 +60,16 @@ async def test_a_pass_queues_and_never_awaits_delivery(
     settings = EngineSettings(leader_election=False, identity="nmo-0", notify=NotifySettings(URL))
     engine = Engine(kube, settings, metrics)
     assert [r.name for r in engine.runnables() if r.name == "notifier"] == ["notifier"]
-    assert engine.notifier is not None and engine.reconciler.notifier is engine.notifier
+    assert engine.notifier is not None and engine.reconciler.ports.notifier is engine.notifier
     n = Notifier(
         NotifySettings(URL),
         metrics=metrics,
         operator="nmo-0",
         transport=httpx.MockTransport(slow_receiver),
     )
-    engine.reconciler.notifier = n
+    assert engine.reconciler.settings.notify_operator == "nmo-0"
     recorder = Recorder()
-    engine.reconciler.recorder = recorder  # type: ignore[assignment]
+    engine.reconciler.ports = replace(engine.reconciler.ports, notifier=n, recorder=recorder)  # type: ignore[arg-type]
     raw = {"metadata": {"name": "nm-1"}, "spec": {"nodeName": "node-2", "reason": "r"}}
     obs = Observed(
         nm=NodeMaintenance.from_api(raw),
@@ -80,10 +82,13 @@ async def test_a_pass_queues_and_never_awaits_delivery(
         now=NOW,
         tick=0.0,
     )
-    record = engine.memories.recall("nm-1", "node-2")
+    record = engine.memories.recall("uid-nm-1", "nm-1", "node-2")
     task = asyncio.create_task(n.run())
     try:
-        first = Plan(events=(Emit(c.EVENT_BEGIN),))
+        begun = (Emit(c.EVENT_BEGIN),)
+        first = Plan(
+            events=begun, notifications=for_pass(obs.nm, None, begun, now=NOW, operator="nmo-0")
+        )
         await engine.reconciler._finish(raw, obs, first, record)
         await arrived.wait()  # the receiver holds the first delivery
         # A second pass, with the receiver still holding the first: it returns at once.
@@ -95,7 +100,8 @@ async def test_a_pass_queues_and_never_awaits_delivery(
                 ],
             }
         }
-        await engine.reconciler._finish(blocked, obs, Plan(), record)
+        notes = for_pass(obs.nm, blocked["status"], (), now=NOW, operator="nmo-0")
+        await engine.reconciler._finish(blocked, obs, Plan(notifications=notes), record)
         assert not release.is_set() and n.pending == 2  # one in flight, one queued
         assert recorder.events == [c.EVENT_BEGIN[0]]
         release.set()
@@ -111,7 +117,7 @@ async def test_a_pass_queues_and_never_awaits_delivery(
 
 def test_without_a_url_there_is_no_notifier(kube: Kube) -> None:
     engine = Engine(kube, EngineSettings(leader_election=False), Metrics())
-    assert engine.notifier is None and engine.reconciler.notifier is None
+    assert engine.notifier is None and engine.reconciler.ports.notifier is None
     assert "notifier" not in [r.name for r in engine.runnables()]
 
 

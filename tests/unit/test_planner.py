@@ -18,11 +18,27 @@ import pytest
 
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.maintenance import planner, transitions
-from nmo.core.maintenance.admission import Admission
+from nmo.core.maintenance import admission, planner, transitions
+from nmo.core.maintenance.admission import BudgetSettings
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.core.maintenance.nodepatch import PriorState, in_maintenance
-from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Recall, Work
+from nmo.core.maintenance.observed import (
+    LeaseFailure,
+    LeaseStep,
+    Ledger,
+    LedgerWrite,
+    Observed,
+    Plan,
+    QuorumFacts,
+    Read,
+    ReadKind,
+    Recall,
+    Result,
+    Step,
+    Work,
+)
+
+SINCE = datetime(2026, 1, 1, tzinfo=UTC)  # a drain state's "since" (any fixed time)
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 CREATED = "2026-12-01T11:00:00Z"
@@ -110,6 +126,11 @@ def observed(nm: NodeMaintenance, **kw: Any) -> Observed:
         "tick": 100.0,
     }
     defaults.update(kw)
+    if defaults["recall"].confirmed is None:
+        # A lease is taken only once a live read confirmed the CR (the executor's
+        # read, asked for by an earlier pass): here it has. Tests of that read
+        # pass confirmed=None or False themselves.
+        defaults["recall"] = replace(defaults["recall"], confirmed=True)
     return Observed(nm=nm, **defaults)
 
 
@@ -563,7 +584,12 @@ def test_a_status_the_server_pruned_is_not_rewritten_every_pass() -> None:
 def test_blocked_pods_are_listed_first_with_their_budget() -> None:
     states = {
         "app/b": PodDrainState(
-            uid="u-b", reason=REASON_PDB, message="needs 2", pdb="web", next_attempt=500.0
+            uid="u-b",
+            since=SINCE,
+            reason=REASON_PDB,
+            message="needs 2",
+            pdb="web",
+            next_attempt=500.0,
         )
     }
     obs = observed(_running_with(["a", "b"]), pods=(pod("a"), pod("b")), drain=states)
@@ -632,7 +658,9 @@ def _settled(obs: Observed, *, age: float, written_ago: float | None = None) -> 
 
 
 BLOCKED = {
-    "app/a": PodDrainState(uid="u-a", reason=REASON_PDB, message="needs 1", next_attempt=1e9)
+    "app/a": PodDrainState(
+        uid="u-a", since=SINCE, reason=REASON_PDB, message="needs 1", next_attempt=1e9
+    )
 }
 
 
@@ -681,12 +709,18 @@ def test_every_write_of_a_running_maintenance_carries_now() -> None:
 
 
 def test_a_queued_maintenance_moves_last_update_too() -> None:
-    admission = Admission(admit=False, reason="BudgetFull", message="2 of 2 in maintenance")
-    obs = _settled(observed(nm_obj(), admission=admission), age=61.0)
-    plan = planner.plan(obs)
+    nm = nm_obj()
+    first = planner.plan(queued(nm, running={"other": "n9"}), BUDGET)
+    assert first.status is not None and first.status.phase is Phase.PENDING
+
+    def after(age: float) -> Observed:
+        st = first.status.model_copy(update={"last_update": NOW - timedelta(seconds=age)})
+        return queued(nm.model_copy(update={"status": st}), running={"other": "n9"})
+
+    plan = planner.plan(after(61.0), BUDGET)
     assert plan.status is not None and plan.status.phase is Phase.PENDING
     assert plan.status.last_update == NOW
-    quiet = planner.plan(_settled(observed(nm_obj(), admission=admission), age=5.0))
+    quiet = planner.plan(after(5.0), BUDGET)
     assert quiet.status is None
     assert quiet.result.requeue_after is not None and quiet.result.requeue_after <= 55.0
 
@@ -836,7 +870,9 @@ def _draining_since(seconds: float, last_error: str | None = None) -> NodeMainte
 
 
 def test_a_drain_pass_that_times_out_writes_kubectls_error_and_logs_go_nmos_line() -> None:
-    evicted = {"app/a": PodDrainState(uid="u-a", reason="Terminating", in_flight=False)}
+    evicted = {
+        "app/a": PodDrainState(uid="u-a", since=SINCE, reason="Terminating", in_flight=False)
+    }
     quiet = planner.plan(observed(_draining_since(10), pods=(pod("a"),), drain=evicted))
     assert quiet.status is not None and quiet.status.last_error is None
     assert not any(c.Messages.FIXED_DURATION_RECONCILE in n for n in quiet.notes)
@@ -855,7 +891,194 @@ def test_a_drain_pass_that_times_out_writes_kubectls_error_and_logs_go_nmos_line
 
 
 def test_the_pass_comes_back_when_a_go_drain_pass_would_end() -> None:
-    evicted = {"app/a": PodDrainState(uid="u-a", reason="Terminating", in_flight=False)}
+    evicted = {
+        "app/a": PodDrainState(uid="u-a", since=SINCE, reason="Terminating", in_flight=False)
+    }
     plan = planner.plan(observed(_draining_since(10), pods=(pod("a"),), drain=evicted))
     assert plan.result.requeue_after is not None
     assert plan.result.requeue_after <= 20.0, "lastError is due 30 s into the drain"
+
+
+# -- the fleet budget: the ledger read in observe, its write a plan action --------
+
+BUDGET = replace(planner.SETTINGS, budget=BudgetSettings(max_parallel=1))
+NODES_BY_NAME = {"n1": node_obj(), "n9": node_obj(name="n9")}
+
+
+def queued(
+    nm: NodeMaintenance,
+    *,
+    entries: dict[str, dict[str, str]] | None = None,
+    running: dict[str, str] | None = None,
+    gone: frozenset[str] = frozenset(),
+    fresh: bool = True,
+    node: Obj | None = None,
+    quorum: QuorumFacts | None = None,
+) -> Observed:
+    """A CR waiting for its start, the ledger and the fleet as observe sees them."""
+    return observed(
+        nm,
+        node=node or node_obj(),
+        ledger=Ledger(entries=entries or {}, gone=gone, fresh=fresh),
+        fleet=admission.fleet(running or {}, [nm], NODES_BY_NAME),
+        quorum=quorum,
+    )
+
+
+def test_without_a_ledger_view_the_pass_reads_it_and_does_nothing_else() -> None:
+    obs = replace(queued(nm_obj()), ledger=None)
+    plan = planner.plan(obs, BUDGET)
+    assert plan.reads == (Read(ReadKind.LEDGER),)
+    assert plan.work is Work.KEEP and plan.result == Result(requeue_after=0)
+    assert (plan.metadata, plan.status, plan.node_patch, plan.ledger) == (None, None, None, None)
+    stale = planner.plan(queued(nm_obj(), fresh=False), BUDGET)
+    assert stale.reads == (Read(ReadKind.LEDGER),), "an entry's CR missing from the cache"
+
+
+def test_a_cr_over_the_budget_stays_queued_and_writes_no_ledger() -> None:
+    plan = planner.plan(queued(nm_obj(), running={"other": "n9"}), BUDGET)
+    assert plan.work is Work.QUEUED and plan.ledger is None
+    assert plan.metadata is None and plan.node_patch is None and plan.lease is LeaseStep.NONE
+    assert plan.status is not None and plan.status.phase is Phase.PENDING
+    (cond,) = plan.status.conditions or []
+    assert (cond.type, cond.status.value, cond.reason) == ("Queued", "True", "BudgetExhausted")
+    assert plan.result.requeue_after == BUDGET.queue_recheck
+
+
+def test_an_admitted_cr_writes_the_ledger_then_starts_and_says_so() -> None:
+    plan = planner.plan(queued(nm_obj()), BUDGET)
+    assert plan.ledger == LedgerWrite({"nm-1": {"uid": "uid-nm-1", "node": "n1"}}, admitted="nm-1")
+    assert plan.work is Work.RUN and plan.metadata is None  # the finalizer is there already
+    assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED  # no pods
+    marks = [x for x in plan.status.conditions or [] if x.type == "Queued"]
+    assert [(x.status.value, x.reason) for x in marks] == [("False", "Admitted")]
+
+
+def test_an_entry_already_in_the_ledger_starts_without_a_write() -> None:
+    entries = {"nm-1": {"uid": "uid-nm-1", "node": "n1"}}
+    plan = planner.plan(queued(nm_obj(), entries=entries, running={"other": "n9"}), BUDGET)
+    assert plan.ledger is None and plan.work is Work.RUN
+
+
+def test_slots_of_gone_or_failed_crs_are_pruned_with_the_write() -> None:
+    entries = {"old": {"uid": "u-old", "node": "n9"}}
+    refused = planner.plan(queued(nm_obj(), entries=entries, running={"x": "n8"}), BUDGET)
+    assert refused.ledger is None and refused.work is Work.QUEUED
+    pruned = planner.plan(queued(nm_obj(), entries=entries, gone=frozenset({"old"})), BUDGET)
+    assert pruned.ledger == LedgerWrite(
+        {"nm-1": {"uid": "uid-nm-1", "node": "n1"}}, admitted="nm-1"
+    )
+    still_full = planner.plan(
+        queued(nm_obj(), entries=entries, gone=frozenset({"old"}), running={"x": "n8"}), BUDGET
+    )
+    assert still_full.work is Work.QUEUED
+    assert still_full.ledger == LedgerWrite({}), "the gone slot is freed even when it waits"
+
+
+def test_a_maintenance_let_go_frees_its_ledger_slot() -> None:
+    entries = {"nm-1": {"uid": "uid-nm-1", "node": "n1"}, "b": {"uid": "u-b", "node": "n9"}}
+    leave = planner.plan(
+        replace(observed(nm_obj(deleting=True)), ledger=Ledger(entries=entries)), BUDGET
+    )
+    assert leave.work is Work.FORGET
+    assert leave.ledger == LedgerWrite({"b": {"uid": "u-b", "node": "n9"}}, released="nm-1")
+    failed = nm_obj(phase=Phase.FAILED)
+    stop = planner.plan(replace(observed(failed), ledger=Ledger(entries=entries)), BUDGET)
+    assert stop.work is Work.STOP and stop.ledger is not None
+    assert stop.ledger.released == "nm-1"
+    unread = planner.plan(observed(nm_obj(deleting=True)), BUDGET)
+    assert unread.ledger is None, "an unread ledger is pruned at the next admission"
+
+
+CONTROL_PLANE = node_obj() | {
+    "metadata": {**node_obj()["metadata"], "labels": {"node-role.kubernetes.io/master": ""}}
+}
+
+
+def test_a_queued_control_plane_node_reads_the_quorum_facts_before_it_starts() -> None:
+    pending = nm_obj(phase=Phase.PENDING)
+    plan = planner.plan(replace(queued(pending, node=CONTROL_PLANE), ledger=None), BUDGET)
+    assert plan.reads == (Read(ReadKind.QUORUM, "n1"), Read(ReadKind.LEDGER))
+    guard = {
+        "metadata": {"labels": {"app": "guard"}},
+        "spec": {"nodeName": "n1"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    pdb = {
+        "spec": {"selector": {"matchLabels": {"app": "guard"}}},
+        "status": {"disruptionsAllowed": 0},
+    }
+    broken = QuorumFacts(openshift=True, pdbs=(pdb,), pods=(guard,))
+    held = planner.plan(queued(pending, node=CONTROL_PLANE, quorum=broken), BUDGET)
+    assert held.work is Work.QUEUED and held.ledger is None
+    assert held.status is not None
+    (cond,) = held.status.conditions or []
+    assert cond.reason == "EtcdQuorum"
+    failed_read = QuorumFacts(openshift=True, error="connection refused")
+    waits = planner.plan(queued(pending, node=CONTROL_PLANE, quorum=failed_read), BUDGET)
+    assert waits.status is not None
+    (cond,) = waits.status.conditions or []
+    assert cond.message.startswith("could not check the etcd quorum before starting")
+    vanilla = planner.plan(
+        queued(pending, node=CONTROL_PLANE, quorum=QuorumFacts(openshift=False)), BUDGET
+    )
+    assert vanilla.ledger is not None and vanilla.ledger.admitted == "nm-1"
+
+
+# -- failures of the last pass: recorded by the executor, planned here --------------
+
+
+def test_a_lease_the_last_pass_could_not_take_is_planned_by_the_lease_rules() -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"evictionPods": 1, "totalpods": 1})
+    failure = LeaseFailure(HELD, foreign=True)
+    obs = observed(nm, node=node_obj(), pods=(pod("a"),), recall=Recall(lease_failure=failure))
+    plan = planner.plan(obs)
+    assert plan == planner.plan_lease_failure(obs, error=HELD, foreign=True)
+    assert plan.lease is LeaseStep.NONE, "no new request in the pass that reports the failure"
+
+
+def test_the_last_passs_api_error_goes_to_last_error_first() -> None:
+    nm = nm_obj(phase=Phase.RUNNING, status={"evictionPods": 1, "totalpods": 1})
+    plan = planner.plan(observed(nm, recall=Recall(lease_held=True, api_error=DENIED)))
+    assert plan.api_error_reported and plan.work is Work.KEEP
+    assert plan.status is not None and plan.status.last_error == DENIED
+    assert (plan.metadata, plan.node_patch, plan.evict) == (None, None, ())
+    said = nm_obj(
+        phase=Phase.RUNNING,
+        status={
+            "evictionPods": 1,
+            "totalpods": 1,
+            "lastError": DENIED,
+            "lastUpdate": "2026-12-01T11:59:50Z",
+        },
+    )
+    again = planner.plan(observed(said, recall=Recall(lease_held=True, api_error=DENIED)))
+    assert not again.api_error_reported, "said within the heartbeat: the pass goes on"
+
+
+def test_a_lease_is_taken_only_for_a_cr_a_live_read_confirmed() -> None:
+    fresh = nm_obj(finalizer=False)
+    unread = planner.plan(replace(observed(fresh, node=node_obj()), recall=Recall()))
+    assert unread.reads == (Read(ReadKind.MAINTENANCE, "nm-1"),)
+    assert unread.metadata is None, "nothing is written before the read"
+    gone = planner.plan(replace(observed(fresh, node=node_obj()), recall=Recall(confirmed=False)))
+    assert gone.work is Work.FORGET and gone.lease is LeaseStep.NONE
+    assert gone.notes and "lease not taken" in gone.notes[0]
+    held = planner.plan(observed(fresh, node=node_obj(), recall=Recall(lease_held=True)))
+    assert not held.reads, "a lease this process holds needs no read"
+
+
+def test_what_the_caches_could_not_answer_is_read_first() -> None:
+    reads = (Read(ReadKind.NODE, "n1"), Read(ReadKind.DAEMONSET, "app/ds"))
+    plan = planner.plan(replace(observed(nm_obj()), reads=reads))
+    assert plan == Plan(reads=reads, work=Work.KEEP, result=Result(requeue_after=0))
+
+
+def test_every_event_says_after_which_step_it_is_recorded() -> None:
+    begin = planner.plan(observed(nm_obj(finalizer=False), node=node_obj()))
+    assert [(e.event[0], e.after) for e in begin.events][:1] == [
+        ("BeginMaintenance", Step.METADATA)
+    ]
+    leave = planner.plan(observed(nm_obj(deleting=True), node=TAKEN))
+    steps = {e.event[0]: e.after for e in leave.events}
+    assert steps["UncordonNode"] is Step.NODE and steps["RemovedMaintenance"] is Step.END

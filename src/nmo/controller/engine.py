@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,11 +32,11 @@ from nmo.api import constants as c
 from nmo.controller.evictor import Evictor
 from nmo.controller.leader import LeaderElector, LeaderSettings
 from nmo.controller.leaseholder import LeaseClient
-from nmo.controller.ledger import Budget
+from nmo.controller.ledger import FleetLedger
 from nmo.controller.memory import Memories, Memory
 from nmo.controller.notifier import Notifier, NotifySettings
 from nmo.controller.quorumguard import QuorumGuard
-from nmo.controller.reconciler import NM_PATH, Reconciler
+from nmo.controller.reconciler import NM_PATH, Ports, Reconciler
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.core.maintenance.admission import BudgetSettings, unavailable
@@ -152,12 +152,11 @@ class Engine:
             metrics=metrics,
             access=Access(kube),
         )
-        self.budget: Budget | None = None
+        self.budget: FleetLedger | None = None
         if settings.budget.enabled:
-            self.budget = Budget(
+            self.budget = FleetLedger(
                 kube,
                 namespace=settings.budget_namespace or settings.leader_election_namespace,
-                settings=settings.budget,
                 maintenances=self.maintenances,
                 nodes=self.nodes,
             )
@@ -166,22 +165,28 @@ class Engine:
         if settings.notify is not None:
             self.notifier = Notifier(settings.notify, metrics=metrics, operator=settings.identity)
         self.reconciler = Reconciler(
-            kube=kube,
-            maintenances=self.maintenances,
-            nodes=self.nodes,
-            memories=self.memories,
-            leases=self.leases,
-            renewers=self.renewers,
-            evictor=self.evictor,
-            recorder=self.recorder,
-            metrics=metrics,
-            watch_pods=self._watch_pods,
-            pdbs=self.pdbs,
-            budget=self.budget,
-            wake_queued=self._wake_queued,
-            settings=settings.plan,
-            notifier=self.notifier,
-            quorum=QuorumGuard(kube),
+            Ports(
+                kube=kube,
+                maintenances=self.maintenances,
+                nodes=self.nodes,
+                memories=self.memories,
+                leases=self.leases,
+                renewers=self.renewers,
+                evictor=self.evictor,
+                recorder=self.recorder,
+                metrics=metrics,
+                watch_pods=self._watch_pods,
+                pdbs=self.pdbs,
+                ledger=self.budget,
+                wake_queued=self._wake_queued,
+                notifier=self.notifier,
+                quorum=QuorumGuard(kube),
+            ),
+            settings=replace(
+                settings.plan,
+                budget=settings.budget,
+                notify_operator=None if self.notifier is None else self.notifier.operator,
+            ),
         )
         self.elector: LeaderElector | None = None
         if settings.leader_election:
@@ -239,7 +244,11 @@ class Engine:
         if event == "DELETED":
             # However the CR went (a DELETE event, or missing from a re-list
             # after a watch gap), nothing of it may keep running.
-            self.memories.forget(name)
+            uid = obj["metadata"].get("uid")
+            if uid:
+                self.memories.forget(str(uid))
+            else:
+                self.memories.forget_name(name)
             self._wake_queued()  # its slot may be free (pruned at the next admission)
             if self.leading:
                 self._phase_gauge()  # no pass follows a deletion: count it now

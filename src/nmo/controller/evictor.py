@@ -132,7 +132,7 @@ class Evictor:
             uid = str(pod["metadata"].get("uid", ""))
             state = record.drain.get(key)
             if state is None or state.uid != uid:
-                state = record.drain[key] = PodDrainState(uid=uid)
+                state = record.drain[key] = PodDrainState(uid=uid, since=datetime.now(UTC))
             if state.in_flight:
                 continue
             state.in_flight = True
@@ -178,7 +178,7 @@ class Evictor:
         key, uid = pod_key(pod), str(pod["metadata"].get("uid", ""))
         state = record.drain.get(key)
         if state is None or state.uid != uid:
-            state = record.drain[key] = PodDrainState(uid=uid)
+            state = record.drain[key] = PodDrainState(uid=uid, since=datetime.now(UTC))
         now = asyncio.get_running_loop().time()
         if state.in_flight or state.forced or record.deletion_refused is not None:
             return False
@@ -296,7 +296,7 @@ class Evictor:
         key, uid = pod_key(pod), str(pod["metadata"].get("uid", ""))
         state = record.drain.get(key)
         if state is None or state.uid != uid:
-            state = record.drain[key] = PodDrainState(uid=uid)
+            state = record.drain[key] = PodDrainState(uid=uid, since=datetime.now(UTC))
         refusal.pods.add(key)
         self._blocked(state, REASON_ERROR, refusal.message)
 

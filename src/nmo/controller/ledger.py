@@ -3,31 +3,38 @@
 The ledger is one coordination Lease, ``nmo-maintenance-budget`` in the
 leader election namespace (RBAC the chart already grants), whose
 annotation ``nodemaintenance.medik8s.io/admitted`` holds the admitted CRs
-as JSON (name -> uid and node). Every admission reads it afresh and
-writes it back with its resourceVersion (compare-and-swap); a conflict
-means someone else wrote in between (another pass of this process is
-excluded by a lock, so: another replica, e.g. an old leader still
-finishing a pass), and the decision is taken again on what they wrote. So
-the budget holds whatever the timing, across replicas and leader changes.
+as JSON (name -> uid and node).
+
+This module only reads and writes it; the decisions are the planner's
+(:func:`nmo.core.maintenance.planner.plan`). :meth:`FleetLedger.view` is
+the ledger as this process last read or wrote it, a frozen snapshot for a
+pass to observe; :meth:`FleetLedger.read` reads it afresh (a plan asks for
+that when there is no view, or when an entry's CR is missing from the cache:
+then a live GET tells whether that CR is gone, and its slot is pruned);
+:meth:`FleetLedger.write` writes a plan's new entries with the
+resourceVersion they were decided on (compare-and-swap). A conflict means
+someone else wrote in between (another pass, another replica, an old
+leader still finishing a pass): the view is dropped and the pass ends, so
+the next one reads and decides again on what they wrote. So the budget
+holds whatever the timing, across replicas and leader changes.
 
 A maintenance leaves the ledger when its CR is let go (deleted) or fails
-(a Failed maintenance has its node restored). An entry whose CR vanished
-without that (force-deleted while nmo was down) is pruned at the next
-admission, once a live GET confirms the CR is gone.
+(a Failed maintenance has its node restored); an entry whose CR vanished
+without that (force-deleted while nmo was down) or failed is pruned at the
+next admission.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any
 
 from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.maintenance import admission
-from nmo.core.maintenance.admission import Admission, BudgetSettings
+from nmo.core.maintenance.admission import Fleet
+from nmo.core.maintenance.observed import Ledger, LedgerWrite
 from nmo.kube.client import Kube, api_path, nm_path
 from nmo.kube.errors import Conflict, Forbidden, KubeError, NotFound
 from nmo.kube.informer import Informer
@@ -37,10 +44,6 @@ log = logging.getLogger("nmo.budget")
 LEDGER_NAME = "nmo-maintenance-budget"
 ANNOTATION = "nodemaintenance.medik8s.io/admitted"
 Obj = dict[str, Any]
-
-
-class LedgerContention(KubeError):
-    """The ledger kept changing under us: retry the pass."""
 
 
 class LedgerUnavailable(KubeError):
@@ -77,26 +80,23 @@ def explain(exc: KubeError, *, method: str, namespace: str) -> KubeError:
     return LedgerUnavailable(message, status_code=exc.status_code, reason=exc.reason, body=exc.body)
 
 
-class Budget:
+class FleetLedger:
     def __init__(
         self,
         kube: Kube,
         *,
         namespace: str,
-        settings: BudgetSettings,
         maintenances: Informer,
         nodes: Informer,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.kube = kube
         self.namespace = namespace
-        self.settings = settings
         self.maintenances = maintenances
         self.nodes = nodes
-        self.clock = clock
-        self._lock = asyncio.Lock()
-        self._seen: dict[str, dict[str, str]] | None = None  # the ledger as last read or written
-        self.admitted_count = 0  # for metrics: entries after the last read or write
+        self._entries: dict[str, dict[str, str]] | None = None  # as last read or written
+        self._lease: Obj | None = None  # the Lease they were read from (its resourceVersion)
+        self._gone: frozenset[str] = frozenset()  # entries a live read found gone
+        self._checked: frozenset[str] = frozenset()  # entries read live (gone or not)
 
     @property
     def path(self) -> str:
@@ -104,35 +104,114 @@ class Budget:
             "coordination.k8s.io/v1", "leases", namespace=self.namespace, name=LEDGER_NAME
         )
 
-    async def _read(self) -> tuple[dict[str, dict[str, str]], Obj | None]:
+    # -- observe: the caches only -----------------------------------------
+    def view(self) -> Ledger | None:
+        """The ledger as last read or written (None: not read yet, or dropped)."""
+        if self._entries is None:
+            return None
+        gone = set(self._gone)
+        fresh = True
+        for name in self._entries:
+            cached = self.maintenances.get(name)
+            if cached is None:
+                fresh = fresh and name in self._checked
+            elif (cached.get("status") or {}).get("phase") == Phase.FAILED.value:
+                gone.add(name)
+        return Ledger(entries=self._entries, gone=frozenset(gone), fresh=fresh)
+
+    def fleet(self) -> Fleet:
+        """The cluster as the budget sees it: running CRs, the queue, the nodes."""
+        running: dict[str, str] = {}
+        queue: list[NodeMaintenance] = []
+        nodes = self.nodes.store
+        for obj in self.maintenances.store.values():
+            nm = NodeMaintenance.from_api(obj)
+            if nm.status.begun and nm.status.phase is not Phase.FAILED:
+                running[nm.metadata.name] = nm.spec.node_name
+            if admission.awaits_start(nm, node_exists=nm.spec.node_name in nodes):
+                queue.append(nm)
+        return admission.fleet(running, queue, nodes)
+
+    def queued_names(self) -> list[str]:
+        """The queued CRs, head first (admitted ones whose status lags are not queued)."""
+        admitted = self._entries or {}
+        nodes = self.nodes.store
+        waiting = []
+        for obj in self.maintenances.store.values():
+            nm = NodeMaintenance.from_api(obj)
+            if nm.metadata.name in admitted:
+                continue
+            if admission.awaits_start(nm, node_exists=nm.spec.node_name in nodes):
+                waiting.append(nm)
+        return [nm.metadata.name for nm in sorted(waiting, key=admission.queue_order)]
+
+    # -- reads and writes a plan asks for ------------------------------------
+    async def read(self) -> None:
+        """Read the ledger afresh, and whether the CRs of entries missing from
+        the cache still exist (a live GET each)."""
         try:
             lease = await self.kube.get(self.path)
         except NotFound:
-            return {}, None
+            lease = None
         except KubeError as exc:
             raise explain(exc, method="GET", namespace=self.namespace) from exc
-        raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION) or "{}"
-        try:
-            entries = json.loads(raw)
-        except ValueError:
-            log.error("budget ledger %s/%s is not JSON: starting it afresh", self.namespace, raw)
-            entries = {}
-        out = {str(k): dict(v) for k, v in entries.items() if isinstance(v, dict)}
-        self._seen = dict(out)
-        return out, lease
+        entries: dict[str, dict[str, str]] = {}
+        if lease is not None:
+            annotations = (lease.get("metadata") or {}).get("annotations") or {}
+            raw = annotations.get(ANNOTATION) or "{}"
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                log.error(
+                    "budget ledger %s/%s is not JSON: starting it afresh", self.namespace, raw
+                )
+                parsed = {}
+            entries = {str(k): dict(v) for k, v in parsed.items() if isinstance(v, dict)}
+        gone, checked = set(), set()
+        for name, entry in entries.items():
+            if self.maintenances.get(name) is not None:
+                continue
+            checked.add(name)
+            try:
+                live = await self.kube.get(nm_path(name))
+            except NotFound:
+                live = None
+            if live is None or live["metadata"].get("uid") != entry.get("uid"):
+                log.info("budget: %s is gone, its slot is free again", name)
+                gone.add(name)
+        self._entries, self._lease = entries, lease
+        self._gone, self._checked = frozenset(gone), frozenset(checked)
 
-    async def _write(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
+    async def write(self, change: LedgerWrite) -> None:
+        """Write the plan's entries with the resourceVersion of the view it was
+        decided on; a conflict drops the view and ends the pass (409)."""
+        lease = self._lease
+        entries = {k: dict(v) for k, v in change.entries.items()}
         try:
-            await self._put(entries, lease)
+            written = await self._put(entries, lease)
         except Conflict:
+            self._entries = self._lease = None  # decided on a stale ledger: read it again
             raise
         except KubeError as exc:
             method = "POST" if lease is None else "PUT"
             raise explain(exc, method=method, namespace=self.namespace) from exc
-        self._seen = {k: dict(v) for k, v in entries.items()}
-        self.admitted_count = len(entries)
+        self._entries, self._lease = entries, written
+        self._gone &= frozenset(entries)
+        if change.admitted is not None:
+            log.info(
+                "budget: maintenance %s admitted (%d in the ledger)",
+                change.admitted,
+                len(entries),
+                extra={"maintenance": change.admitted},
+            )
+        if change.released is not None:
+            log.info(
+                "budget: maintenance %s left the ledger",
+                change.released,
+                extra={"maintenance": change.released},
+            )
 
-    async def _put(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> None:
+    async def _put(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> Obj:
         annotations = {ANNOTATION: json.dumps(dict(sorted(entries.items())), sort_keys=True)}
         if lease is None:
             body = {
@@ -145,126 +224,12 @@ class Budget:
                 },
                 "spec": {},
             }
-            await self.kube.request(
+            return await self.kube.request(
                 "POST",
                 api_path("coordination.k8s.io/v1", "leases", namespace=self.namespace),
                 body=body,
             )
-        else:
-            meta = dict(lease["metadata"])
-            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-            # PUT with the resourceVersion read: the compare-and-swap.
-            await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
-
-    def _running(self) -> dict[str, str]:
-        """CRs the cache shows begun and not failed (adopted ones count too)."""
-        out: dict[str, str] = {}
-        for obj in self.maintenances.store.values():
-            nm = NodeMaintenance.from_api(obj)
-            if nm.status.begun and nm.status.phase is not Phase.FAILED:
-                out[nm.metadata.name] = nm.spec.node_name
-        return out
-
-    def _queue(self) -> list[NodeMaintenance]:
-        out = []
-        for obj in self.maintenances.store.values():
-            nm = NodeMaintenance.from_api(obj)
-            if admission.awaits_start(nm, node_exists=nm.spec.node_name in self.nodes.store):
-                out.append(nm)
-        return out
-
-    def queued_names(self) -> list[str]:
-        """The queued CRs, head first (admitted ones whose status lags are not queued)."""
-        admitted = self._seen or {}
-        waiting = [nm for nm in self._queue() if nm.metadata.name not in admitted]
-        return [nm.metadata.name for nm in sorted(waiting, key=admission.queue_order)]
-
-    def _decide(self, nm: NodeMaintenance, entries: Mapping[str, Mapping[str, str]]) -> Admission:
-        admitted = {**self._running(), **{k: v["node"] for k, v in entries.items()}}
-        admitted.pop(nm.metadata.name, None)
-        seen = admission.fleet(admitted, self._queue(), self.nodes.store)
-        return admission.decide(nm, seen, self.settings, self.clock())
-
-    def _quick(self, nm: NodeMaintenance) -> Admission | None:
-        """A refusal decided on the ledger as last seen, without a request.
-
-        Refusing on a stale ledger is harmless (the CR is looked at again);
-        admitting never is: that needs the fresh read and the swap. Entries
-        whose CR the cache lacks may be stale slots, so they send the CR to
-        the fresh path, where they are pruned.
-        """
-        if self._seen is None or nm.metadata.name in self._seen:
-            return None
-        if any(self.maintenances.get(name) is None for name in self._seen):
-            return None
-        decision = self._decide(nm, self._seen)
-        return None if decision.admit else decision
-
-    async def _prune(self, entries: dict[str, dict[str, str]]) -> bool:
-        """Drop entries whose CR failed or is confirmed gone; True if any was dropped."""
-        dropped = False
-        for name, entry in list(entries.items()):
-            cached = self.maintenances.get(name)
-            if cached is not None:
-                if (cached.get("status") or {}).get("phase") == Phase.FAILED.value:
-                    entries.pop(name)
-                    dropped = True
-                continue
-            try:
-                live = await self.kube.get(nm_path(name))
-            except NotFound:
-                live = None
-            if live is None or live["metadata"].get("uid") != entry.get("uid"):
-                log.info("budget: %s is gone, its slot is free again", name)
-                entries.pop(name)
-                dropped = True
-        return dropped
-
-    async def admit(self, nm: NodeMaintenance) -> Admission:
-        """Admit ``nm`` if the budget and the window allow it, persisting the admission."""
-        name = nm.metadata.name
-        if (refused := self._quick(nm)) is not None:
-            return refused
-        async with self._lock:
-            for _ in range(10):
-                entries, lease = await self._read()
-                if name in entries:
-                    return Admission(True, admission.REASON_ADMITTED, "admitted")
-                pruned = await self._prune(entries)
-                decision = self._decide(nm, entries)
-                if decision.admit:
-                    entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
-                elif not pruned:
-                    self.admitted_count = len(entries)
-                    return decision
-                try:
-                    await self._write(entries, lease)
-                except Conflict:  # someone wrote in between: decide again on what they wrote
-                    continue
-                if decision.admit:
-                    log.info(
-                        "budget: maintenance %s admitted (%d in the ledger)",
-                        name,
-                        len(entries),
-                        extra={"maintenance": name},
-                    )
-                return decision
-        raise LedgerContention(f"the budget ledger {LEDGER_NAME} kept changing; retrying")
-
-    async def release(self, name: str) -> bool:
-        """Free the maintenance's slot; True if it held one."""
-        async with self._lock:
-            for _ in range(10):
-                entries, lease = await self._read()
-                if name not in entries:
-                    return False
-                entries.pop(name)
-                try:
-                    await self._write(entries, lease)
-                except Conflict:
-                    continue
-                log.info(
-                    "budget: maintenance %s left the ledger", name, extra={"maintenance": name}
-                )
-                return True
-        raise LedgerContention(f"the budget ledger {LEDGER_NAME} kept changing; retrying")
+        meta = dict(lease["metadata"])
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+        # PUT with the resourceVersion read: the compare-and-swap.
+        return await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})

@@ -1,10 +1,13 @@
-"""One memory record per maintenance, keyed by CR name, forgotten in one place.
+"""One memory record per maintenance, keyed by the CR's uid, forgotten in one place.
 
 Everything the operator knows about a maintenance beyond what the API
 server stores lives in its :class:`Memory`: the node's pod watch, the
 per-pod drain states and their eviction tasks, the lease renewer and its
-last failure, the DaemonSets seen and the last status written. Nothing
-else keeps per-maintenance state.
+last failure, the DaemonSets seen, the last status written, and what the
+executor learnt for the next pass (the answers of the reads a plan asked
+for, the lease request or API request a pass ended on). Nothing else keeps
+per-maintenance state. A CR deleted and created again under the same name
+is another uid, so another record: nothing of the old one carries over.
 
 :meth:`Memories.forget` is the only way a record ends, and it stops every
 task the record owns (pod watch, evictions, renewer). It is called when a
@@ -25,9 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.core.maintenance.drainstate import PodDrainState
+from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts
 from nmo.kube.informer import Informer
 
 log = logging.getLogger("nmo.memory")
+
+Obj = dict[str, Any]
 
 
 @dataclass
@@ -48,9 +54,20 @@ class DeletionRefused:
 
 
 @dataclass
-class Memory:
-    """What nmo remembers about one maintenance (CR ``name`` on ``node``)."""
+class Fetched:
+    """Answers of the reads the last pass asked for, taken once by the next one."""
 
+    node: Obj | None = None  # the node read live (None: not read, or found absent)
+    node_read: bool = False  # the node was read live (absent if ``node`` is None)
+    confirmed: bool | None = None  # a live read of the CR: True exists, False gone
+    quorum: QuorumFacts | None = None  # the etcd-quorum facts for its node
+
+
+@dataclass
+class Memory:
+    """What nmo remembers about one maintenance (CR ``uid``: ``name`` on ``node``)."""
+
+    uid: str
     name: str
     node: str
     pods: Informer | None = None  # the node's pods (field selector spec.nodeName=<node>)
@@ -67,6 +84,15 @@ class Memory:
     forgotten: bool = False  # set once, by Memories.forget: start nothing more
     deletion_refused: DeletionRefused | None = None  # onTimeout Delete refused (403)
     force_after: dict[str, float] = field(default_factory=dict)  # pod key -> loop time
+    fetched: Fetched = field(default_factory=Fetched)  # read for the next pass
+    lease_failure: LeaseFailure | None = None  # the last pass's lease request failed
+    api_error: str | None = None  # the last pass ended on this API error
+
+    def take(self) -> tuple[Fetched, LeaseFailure | None, str | None]:
+        """What the executor left for this pass, handed over once."""
+        out = (self.fetched, self.lease_failure, self.api_error)
+        self.fetched, self.lease_failure, self.api_error = Fetched(), None, None
+        return out
 
     @property
     def renewing(self) -> bool:
@@ -134,29 +160,35 @@ class Memories:
     def __iter__(self) -> Iterator[Memory]:
         return iter(list(self._records.values()))
 
-    def get(self, name: str) -> Memory | None:
-        return self._records.get(name)
+    def get(self, uid: str) -> Memory | None:
+        return self._records.get(uid)
 
-    def recall(self, name: str, node: str) -> Memory:
+    def recall(self, uid: str, name: str, node: str) -> Memory:
         """The record for the CR, created on first use."""
-        record = self._records.get(name)
+        record = self._records.get(uid)
         if record is not None and record.node != node:  # cannot happen: nodeName is immutable
-            self.forget(name)
+            self.forget(uid)
             record = None
         if record is None:
-            record = self._records[name] = Memory(name=name, node=node)
+            record = self._records[uid] = Memory(uid=uid, name=name, node=node)
         return record
 
-    def forget(self, name: str) -> None:
-        record = self._records.pop(name, None)
+    def forget(self, uid: str) -> None:
+        record = self._records.pop(uid, None)
         if record is not None:
             record.forgotten = True
             record.stop()
-            log.debug("maintenance %s forgotten", name, extra={"maintenance": name})
+            log.debug("maintenance %s forgotten", record.name, extra={"maintenance": record.name})
+
+    def forget_name(self, name: str) -> None:
+        """Forget every record of CRs named ``name`` (the cache lost the CR)."""
+        for uid, record in list(self._records.items()):
+            if record.name == name:
+                self.forget(uid)
 
     def forget_all(self) -> None:
-        for name in list(self._records):
-            self.forget(name)
+        for uid in list(self._records):
+            self.forget(uid)
 
     @property
     def tasks(self) -> int:

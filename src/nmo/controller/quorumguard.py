@@ -1,12 +1,13 @@
 """Reads what the etcd-quorum rule needs, for a queued maintenance about to start.
 
-The decision is :mod:`nmo.core.maintenance.quorum`'s; this module only asks
+The decision is :mod:`nmo.core.maintenance.quorum`'s (the planner asks for
+this read for a queued control-plane node); this module only asks
 the API: whether the cluster is OpenShift (discovery of
 ``config.openshift.io/v1``, cached for :data:`OPENSHIFT_TTL` seconds), the
 PodDisruptionBudgets of ``openshift-etcd`` and, when the single one allows no
 disruption, its guard pods. Everything is read fresh (but discovery): a
 stale answer could break etcd quorum. Only control-plane nodes are looked
-at, so nothing is requested for ordinary workers.
+at (the planner's rule), so nothing is requested for ordinary workers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.maintenance import quorum
-from nmo.core.maintenance.admission import Admission
+from nmo.core.maintenance.observed import QuorumFacts
 from nmo.kube.client import Kube, api_path
 from nmo.kube.errors import KubeError, NotFound
 
@@ -46,14 +47,11 @@ class QuorumGuard:
         page = await self.kube.get(path)
         return [o for o in page.get("items") or [] if isinstance(o, dict)]
 
-    async def refusal(self, node: Obj) -> Admission | None:
-        """None when ``node`` may go into maintenance now; else why it waits."""
-        name = str(node["metadata"]["name"])
-        if not quorum.is_control_plane(node):
-            return None
+    async def read(self) -> QuorumFacts:
+        """The facts the etcd-quorum rule reads, read now (a failed read is a fact too)."""
         try:
             if not await self._is_openshift():
-                return None
+                return QuorumFacts(openshift=False)
             pdbs = await self._items(
                 api_path("policy/v1", "poddisruptionbudgets", namespace=c.ETCD_NAMESPACE)
             )
@@ -62,7 +60,5 @@ class QuorumGuard:
                 # A handful of pods; the rule matches the PDB's selector itself.
                 pods = await self._items(api_path("v1", "pods", namespace=c.ETCD_NAMESPACE))
         except KubeError as exc:
-            return quorum.refusal(name, error=str(exc))
-        if quorum.etcd_disruption_allowed(pdbs, pods, name):
-            return None
-        return quorum.refusal(name)
+            return QuorumFacts(openshift=True, error=str(exc))
+        return QuorumFacts(openshift=True, pdbs=tuple(pdbs), pods=tuple(pods))

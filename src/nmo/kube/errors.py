@@ -151,3 +151,20 @@ def error_for_status(
         body=body,
         retry_after=retry_after,
     )
+
+
+PATCH_REJECTED = "the server rejected our request due to an error in our request"
+
+
+def changed_meanwhile(exc: KubeError) -> bool:
+    """A patch refused because its object changed (or went) since it was read:
+    409, 404, or the bare 422 a failed JSON-patch ``test`` on its
+    resourceVersion gets. The pass that sent it ends; the next one reads again.
+
+    Any other 422 (an admission policy or webhook refusing the change) is an
+    error like a 403: reported in lastError and retried with backoff, not
+    retried at once forever.
+    """
+    if exc.status_code in (404, 409):
+        return True
+    return exc.status_code == 422 and exc.message == PATCH_REJECTED and not exc.body.get("details")

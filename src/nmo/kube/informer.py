@@ -104,6 +104,15 @@ class Informer:
     def get(self, key: str) -> Obj | None:
         return self.store.get(key)
 
+    def remember(self, obj: Obj) -> None:
+        """Write-through: the store sees our own write of a cached object before
+        its watch event does (an older version never replaces a newer one)."""
+        obj = self._transform(obj)
+        key = object_key(obj)
+        old = self.store.get(key)
+        if old is not None and not _older(obj, old):
+            self.store[key] = obj
+
     def by_index(self, value: str) -> list[Obj]:
         return [self.store[k] for k in self.index.get(value, ()) if k in self.store]
 

@@ -205,9 +205,9 @@ def queue_order(nm: NodeMaintenance) -> tuple[datetime, str]:
 class Fleet:
     """What the decision reads: the ledger and the cluster, as observed."""
 
-    admitted: Mapping[str, str]  # CR name -> node, from the ledger
+    admitted: Mapping[str, str]  # CR name -> node: the ledger's, and the CRs running
     queue: Sequence[NodeMaintenance]  # every CR waiting to start (the candidate included)
-    nodes: Mapping[str, Mapping[str, Any]]  # the cluster's nodes by name
+    node_count: int  # the cluster's nodes
     unavailable_nodes: frozenset[str] = field(default_factory=frozenset)
 
 
@@ -217,7 +217,9 @@ def fleet(
     nodes: Mapping[str, Mapping[str, Any]],
 ) -> Fleet:
     down = frozenset(name for name, node in nodes.items() if unavailable(node))
-    return Fleet(admitted=admitted, queue=queue, nodes=nodes, unavailable_nodes=down)
+    return Fleet(
+        admitted=dict(admitted), queue=tuple(queue), node_count=len(nodes), unavailable_nodes=down
+    )
 
 
 def decide(
@@ -247,7 +249,7 @@ def decide(
         )
     running = len(seen.admitted)
     out = set(seen.unavailable_nodes) | set(seen.admitted.values())
-    cap = settings.unavailable_cap(len(seen.nodes))
+    cap = settings.unavailable_cap(seen.node_count)
     for ahead in queue:
         node = ahead.spec.node_name
         if settings.max_parallel and running >= settings.max_parallel:

@@ -19,8 +19,8 @@ Times: ``tick`` is the event loop's monotonic clock (backoff deadlines);
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from nmo.api.models import PendingPodDetail
@@ -59,10 +59,10 @@ class PodDrainState:
     """One pod's drain, as the eviction executor last saw it."""
 
     uid: str
+    since: datetime  # when the pod's drain state last changed (the executor's clock)
     reason: str = REASON_WAITING
     message: str = ""
     pdb: str | None = None  # the blocking PodDisruptionBudget's name (pod's namespace)
-    since: datetime = field(default_factory=lambda: datetime.now(UTC))
     next_attempt: float = 0.0
     attempts: int = 0
     in_flight: bool = False

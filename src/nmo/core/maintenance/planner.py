@@ -1,11 +1,15 @@
 """The maintenance planner: from what a pass observed to what it does (pure).
 
-``plan(observed, settings)`` returns a :class:`Plan`: the CR metadata patch,
-the lease step, the status, the node patch, the evictions to start, the
-events and the result. It assumes the lease step succeeds; when it does not,
-the executor asks :func:`plan_lease_failure` for the plan to apply instead
-(the lease rules of behavior.md A5). No I/O is imported here (enforced by
-import-linter), so every decision is tested by tables.
+``plan(observed, settings)`` returns a :class:`Plan`: the reads the caches
+could not answer, the fleet ledger's write, the CR metadata patch, the lease
+step, the status, the node patch, the evictions to start, the events, the
+notifications and the result. The executor applies it and decides nothing:
+when a write fails the pass ends, the failure is recorded in the
+maintenance's record, and the next pass plans from it (a failed lease
+request: :func:`plan_lease_failure`, the lease rules of behavior.md A5; an
+API error: :func:`api_error_status`, written to lastError). No I/O, clock
+or event loop is imported here (enforced by import-linter), so every
+decision is tested by tables.
 
 The flow it encodes (behavior.md A2-A5, B4-B9):
 
@@ -28,7 +32,7 @@ The flow it encodes (behavior.md A2-A5, B4-B9):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,15 +45,21 @@ from nmo.api.models import (
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, transitions
+from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, quorum, transitions
+from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
     TERMINAL,
     Emit,
+    Force,
     LeaseStep,
+    LedgerWrite,
     Observed,
     Plan,
+    Read,
+    ReadKind,
     Result,
+    Step,
     Work,
 )
 
@@ -74,6 +84,11 @@ class PlanSettings:
     # --max-drain-seconds / --max-drain-action: a cap on every drain that no CR lifts.
     max_drain_seconds: int = 0
     max_drain_action: OnTimeout = OnTimeout.REPORT
+    # --max-parallel-maintenances, --max-unavailable, the window: the fleet budget
+    # (disabled by default, as the Go NMO has none).
+    budget: admission.BudgetSettings = field(default_factory=admission.BudgetSettings)
+    # --notify-url: the operator's identity in the notifications (None: none are made).
+    notify_operator: str | None = None
 
 
 SETTINGS = PlanSettings()
@@ -207,10 +222,43 @@ def resumable(nm: NodeMaintenance) -> bool:
 
 
 def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
-    """Everything one pass does for the CR (assuming the lease step succeeds)."""
+    """Everything one pass does for the CR."""
+    if obs.reads:  # the caches could not answer: read, then plan on the answers
+        return Plan(reads=obs.reads, work=Work.KEEP, result=Result(requeue_after=0))
+    if obs.recall.api_error is not None:
+        # The last pass ended on an API error: it goes into lastError first,
+        # as the Go NMO's onReconcileError writes it (once per heartbeat).
+        new = api_error_status(obs.nm, error=obs.recall.api_error, now=obs.now, settings=settings)
+        if new is not None:
+            return Plan(
+                status=new, work=Work.KEEP, result=Result(requeue_after=0), api_error_reported=True
+            )
     if obs.nm.metadata.deletion_timestamp is not None:
-        return plan_leave(obs)
-    return _heartbeat(obs, _plan_enter(obs, settings), settings)
+        out = plan_leave(obs)
+    else:
+        out = _heartbeat(obs, _plan_enter(obs, settings), settings)
+    return _notified(obs, _released(obs, out), settings)
+
+
+def _released(obs: Observed, out: Plan) -> Plan:
+    """A maintenance let go or failed frees its slot in the fleet ledger."""
+    name = obs.nm.metadata.name
+    ledger = obs.ledger
+    if out.work not in (Work.STOP, Work.FORGET) or out.ledger is not None or out.reads:
+        return out
+    if ledger is None or name not in ledger.entries:
+        return out  # not admitted (or the ledger unread: pruned at the next admission)
+    kept = {k: v for k, v in ledger.entries.items() if k != name}
+    return replace(out, ledger=LedgerWrite(kept, released=name))
+
+
+def _notified(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
+    """The notifications of the pass, from the status it leaves (and its events)."""
+    if settings.notify_operator is None or out.reads:
+        return out
+    after = (out.status or obs.nm.status).to_api()
+    notes = for_pass(obs.nm, after, out.events, now=obs.now, operator=settings.notify_operator)
+    return replace(out, notifications=notes) if notes else out
 
 
 LIVE = (Phase.PENDING, Phase.RUNNING)  # phases whose lastUpdate says the operator is alive
@@ -269,18 +317,37 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         # A duplicate or a lost lease is final; a missing node is looked at
         # again when a Node of that name is added (the node watch wakes it).
         return Plan(work=Work.STOP, result=TERMINAL)
-    if obs.admission is not None and not obs.admission.admit:
-        return _queued(obs, obs.admission, settings)
+    if obs.recall.confirmed is False:
+        return Plan(
+            work=Work.FORGET,
+            notes=(
+                f"maintenance {nm.metadata.name}: gone from the apiserver, not in the cache "
+                "yet; lease not taken",
+            ),
+        )
+    decision: admission.Admission | None = None
+    ledger_write: LedgerWrite | None = None
+    if (
+        settings.budget.enabled
+        and obs.node is not None
+        and admission.awaits_start(nm, node_exists=True)
+        and older_duplicate(nm, obs.others) is None
+    ):
+        admitted = _admit(obs, settings)
+        if isinstance(admitted, Plan):
+            return admitted  # a read first, or it stays queued
+        decision, ledger_write = admitted
     meta: dict[str, Any] = {}
     events: list[Emit] = []
     notes: list[str] = []
     if c.FINALIZER not in nm.metadata.finalizers:
         meta["finalizers"] = [*nm.metadata.finalizers, c.FINALIZER]
-        events.append(Emit(c.EVENT_BEGIN))
+        events.append(Emit(c.EVENT_BEGIN, after=Step.METADATA))
         notes.append(f"maintenance {nm.metadata.name} for node {node_name}: begin")
 
     def failed(new: NodeMaintenanceStatus, note: str) -> Plan:
         return Plan(
+            ledger=ledger_write,
             metadata=meta or None,
             status=_status_write(obs, new, settings),
             events=(*events, Emit(c.EVENT_FAILED, warning=True)),
@@ -301,6 +368,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             f"maintenance {nm.metadata.name}: node {node_name} not found",
         )
     meta |= _disowned(nm)
+    if obs.recall.lease_failure is not None:  # the last pass's lease request failed
+        failure = obs.recall.lease_failure
+        out = plan_lease_failure(
+            obs, error=failure.error, foreign=failure.foreign, settings=settings
+        )
+        return replace(out, ledger=ledger_write, metadata=meta or None)
     lease = LeaseStep.NONE
     if obs.recall.renewal_error is not None or (
         not obs.recall.lease_held and (st.error_on_lease_count or 0) > 0
@@ -311,11 +384,17 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         lease = LeaseStep.FORCE
     elif not obs.recall.lease_held:
         lease = LeaseStep.REQUEST
+    if lease is not LeaseStep.NONE and not obs.recall.lease_held and not obs.recall.confirmed:
+        # A lease this process does not hold is only taken for a CR a live read
+        # confirms: the cache may be behind a watch gap (the CR and its lease
+        # deleted meanwhile), and a lease re-created then would never be released.
+        read = Read(ReadKind.MAINTENANCE, nm.metadata.name)
+        return Plan(reads=(read,), work=Work.KEEP, result=Result(requeue_after=0))
     st = _started(obs, settings)
     if resuming:
         st = transitions.resumed(st)
         notes.append(f"maintenance {nm.metadata.name}: node {node_name} exists again, resuming")
-    if obs.admission is not None:
+    if decision is not None:
         st = transitions.with_condition(
             st,
             type_=c.CONDITION_QUEUED,
@@ -332,6 +411,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     first_take = "" if nm.status.begun else nm.metadata.uid
     node_patch = nodepatch.enter_patch(obs.node, record_for=first_take)
     base = Plan(
+        ledger=ledger_write,
         metadata=meta or None,
         lease=lease,
         node_patch=node_patch,
@@ -439,7 +519,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         base,
         status=write,
         evict=tuple(drain.due),
-        force=plan_.force,
+        force=tuple(_force(pod, grace) for pod, grace in plan_.force),
         drop=tuple(drain.stale),
         events=fired,
         notes=tuple(notes),
@@ -449,28 +529,84 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     )
 
 
-def _queued(obs: Observed, admission: admission.Admission, settings: PlanSettings) -> Plan:
+def _force(pod: Obj, grace: int) -> Force:
+    key = podselect.pod_key(pod)
+    message = (
+        f"drain deadline: deleted pod {key} with its grace period of {grace}s "
+        "(onTimeout Delete bypasses PodDisruptionBudgets)"
+    )
+    return Force(pod, grace, Emit((c.EVENT_POD_FORCE_DELETED, message), warning=True))
+
+
+def _admit(
+    obs: Observed, settings: PlanSettings
+) -> Plan | tuple[admission.Admission, LedgerWrite | None]:
+    """The fleet budget's decision for a CR waiting to start (behavior.md fleet limits).
+
+    A queued (Pending) control-plane node is checked against the etcd quorum
+    again first (the webhook checked it at CREATE). The decision is made on
+    the ledger as last read; admitting writes it back with the
+    resourceVersion it was read at, so a decision on a stale ledger ends in
+    a 409 and is made again on a fresh read. Entries whose CR failed or is
+    gone are pruned with the write.
+    """
+    nm, node = obs.nm, obs.node
+    assert node is not None
+    ledger, fleet = obs.ledger, obs.fleet
+    checks_quorum = nm.status.phase is Phase.PENDING and quorum.is_control_plane(node)
+    reads: list[Read] = []
+    if checks_quorum and obs.quorum is None:
+        reads.append(Read(ReadKind.QUORUM, nm.spec.node_name))
+    if ledger is None or not ledger.fresh or fleet is None:
+        reads.append(Read(ReadKind.LEDGER))
+    if reads:  # both in one pass: the quorum facts are only good for the next one
+        return Plan(reads=tuple(reads), work=Work.KEEP, result=Result(requeue_after=0))
+    assert ledger is not None
+    assert fleet is not None
+    if checks_quorum:
+        assert obs.quorum is not None
+        held = quorum.refusal_of(obs.quorum, nm.spec.node_name)
+        if held is not None:  # stays queued, and takes no slot
+            return _queued(obs, held, settings)
+    name = nm.metadata.name
+    entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
+    pruned = len(entries) != len(ledger.entries)
+    if name in entries:
+        return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
+            LedgerWrite(entries) if pruned else None
+        )
+    running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
+    running.pop(name, None)
+    decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
+    if decision.admit:
+        entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
+        return decision, LedgerWrite(entries, admitted=name)
+    queued = _queued(obs, decision, settings)
+    return replace(queued, ledger=LedgerWrite(entries)) if pruned else queued
+
+
+def _queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
     """Held back by the budget or the window: Pending, a Queued condition, nothing else."""
     nm = obs.nm
     st = transitions.with_condition(
         nm.status.model_copy(update={"phase": Phase.PENDING}),
         type_=c.CONDITION_QUEUED,
         state=ConditionStatus.TRUE,
-        reason=admission.reason,
-        message=admission.message,
+        reason=decision.reason,
+        message=decision.message,
         now=obs.now,
     )
     if transitions.differs(nm.status, st):
         st = st.model_copy(update={"last_update": obs.now})
     wait = settings.queue_recheck
-    if admission.retry_after is not None:
-        wait = min(wait, admission.retry_after)
+    if decision.retry_after is not None:
+        wait = min(wait, decision.retry_after)
     changed = nm.status.phase is not Phase.PENDING
     return Plan(
         status=_status_write(obs, st, settings),
         work=Work.QUEUED,
         result=Result(requeue_after=wait),
-        notes=(f"maintenance {nm.metadata.name} queued: {admission.message}",) if changed else (),
+        notes=(f"maintenance {nm.metadata.name} queued: {decision.message}",) if changed else (),
     )
 
 
@@ -483,7 +619,7 @@ def _abort(
     undo = nodepatch.restore(obs.node, _prior(obs))
     events = [*base.events, Emit((c.EVENT_DRAIN_TIMED_OUT, message), warning=True)]
     if undo.uncordon:
-        events.append(Emit(c.EVENT_UNCORDON, target="node"))
+        events.append(Emit(c.EVENT_UNCORDON, target="node", after=Step.NODE))
     events.append(Emit(c.EVENT_FAILED, warning=True))
     return Plan(
         metadata=meta or None,
@@ -525,7 +661,11 @@ def plan_lease_failure(
     lease exhausted message.
     """
     st = _started(obs, settings)
-    begun = () if c.FINALIZER in obs.nm.metadata.finalizers else (Emit(c.EVENT_BEGIN),)
+    begun = (
+        ()
+        if c.FINALIZER in obs.nm.metadata.finalizers
+        else (Emit(c.EVENT_BEGIN, after=Step.METADATA),)
+    )
     if not st.begun:
         # The node's pods are not known yet: the error is recorded with the
         # starting figures (phase Running) once its pod watch has synced.
@@ -541,7 +681,7 @@ def plan_lease_failure(
             undo = nodepatch.restore(obs.node, _prior(obs))
             restore = undo.ops
             if undo.uncordon:
-                events.append(Emit(c.EVENT_UNCORDON, target="node"))
+                events.append(Emit(c.EVENT_UNCORDON, target="node", after=Step.NODE))
         events.append(Emit(c.EVENT_FAILED, warning=True))
         return Plan(
             lease=LeaseStep.RELEASE,
@@ -607,9 +747,9 @@ def plan_leave(obs: Observed) -> Plan:
         undo = nodepatch.restore(obs.node, _prior(obs), forget=True)
         restore = undo.ops
         if undo.uncordon:
-            events.append(Emit(c.EVENT_UNCORDON, target="node"))
+            events.append(Emit(c.EVENT_UNCORDON, target="node", after=Step.NODE))
         if undo.kept_cordoned:
-            events.append(Emit(c.EVENT_KEPT_CORDONED, target="node"))
+            events.append(Emit(c.EVENT_KEPT_CORDONED, target="node", after=Step.NODE))
     return Plan(
         metadata=metadata,
         lease=LeaseStep.RELEASE,

@@ -20,6 +20,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.core.maintenance.admission import Admission
+from nmo.core.maintenance.observed import QuorumFacts
 from nmo.core.maintenance.selectors import selector_matches
 
 Obj = Mapping[str, Any]
@@ -86,3 +87,13 @@ def refusal(node_name: str, *, error: str | None = None) -> Admission:
     return Admission(
         admit=False, reason=REASON_QUORUM, message=message, retry_after=RECHECK_SECONDS
     )
+
+
+def refusal_of(facts: QuorumFacts, node_name: str) -> Admission | None:
+    """The rule on the facts read for a queued control-plane node: None when it
+    may start now, else why it waits (a failed read makes it wait too)."""
+    if facts.error is not None:
+        return refusal(node_name, error=facts.error)
+    if not facts.openshift or etcd_disruption_allowed(facts.pdbs, facts.pods, node_name):
+        return None
+    return refusal(node_name)
