@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from test_app import client, count, review
-from webhook_fakes import nm
 
+import builders
 from nmo.api.constants import WEBHOOK_PATH, Messages
 from nmo.server.app import create_webhook_app, decide
 from nmo.telemetry.metrics import Metrics
@@ -73,22 +73,23 @@ class NoLookups:
 
 def live(*, drain: Obj | None = None, pending: int = 3) -> Obj:
     """A NodeMaintenance as the apiserver holds it, with our finalizer and a status."""
-    obj = nm("n1")
-    obj["apiVersion"] = "nodemaintenance.medik8s.io/v1beta1"
-    obj["kind"] = "NodeMaintenance"
-    obj["metadata"]["finalizers"] = ["foregroundDeleteNodeMaintenance"]
-    obj["metadata"]["resourceVersion"] = "41"
-    if drain is not None:
-        obj["spec"]["drain"] = copy.deepcopy(drain)
     pods = [f"web-{i:04d}-7d9f8b6c5d-x2x7q" for i in range(pending)]
-    obj["status"] = {
-        "phase": "Running",
-        "pendingPods": pods,
-        "pendingPodsRefs": [{"namespace": "shop", "name": p} for p in pods],
-        "totalpods": pending,
-        "evictionPods": pending,
-    }
-    return obj
+    return builders.nm(
+        "nm",
+        "n1",
+        uid="uid-{name}",
+        typed=True,
+        finalizers=["foregroundDeleteNodeMaintenance"],
+        resource_version="41",
+        drain=drain,
+        status={
+            "phase": "Running",
+            "pendingPods": pods,
+            "pendingPodsRefs": [{"namespace": "shop", "name": p} for p in pods],
+            "totalpods": pending,
+            "evictionPods": pending,
+        },
+    )
 
 
 def changed(old: Obj, change: str) -> Obj:

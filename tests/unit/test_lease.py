@@ -1,27 +1,18 @@
 """The medik8s lease rules (behavior.md A5)."""
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
 from nmo.core.maintenance.lease import Action, apply, build_lease, decide, format_micro
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
 
-def lease(
-    holder: str, renewed: datetime | None, duration: int = 3600, transitions: int = 2
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "holderIdentity": holder,
-        "leaseDurationSeconds": duration,
-        "leaseTransitions": transitions,
-    }
-    if renewed is not None:
-        spec["renewTime"] = format_micro(renewed)
-        spec["acquireTime"] = format_micro(renewed)
-    return {"metadata": {"name": "node-n1", "resourceVersion": "1"}, "spec": spec}
+lease = partial(builders.lease, resource_version="1", duration=3600, transitions=2)
 
 
 def without(obj: dict[str, Any], key: str) -> dict[str, Any]:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import httpx
 import pytest
 import respx
 
+import builders
 from nmo.controller.leaseholder import FIELD_MANAGER, LeaseClient, LeaseHeldError
-from nmo.core.maintenance.lease import Action, format_micro
+from nmo.core.maintenance.lease import Action
 from nmo.kube.client import Kube
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases"
 NODE = {"metadata": {"name": "n1", "uid": "u1"}}
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
+held = partial(builders.lease, uid="l1", resource_version="5", duration=3600)  # node-n1
 
 
 async def test_a_deleted_lease_namespace_is_recreated(
@@ -41,14 +44,7 @@ async def test_foreign_lease_raises_with_the_guide_message(
 ) -> None:
     api_server.get(f"{LEASES}/node-n1").respond(
         200,
-        json={
-            "metadata": {"name": "node-n1", "resourceVersion": "5", "uid": "l1"},
-            "spec": {
-                "holderIdentity": "node-healthcheck",
-                "leaseDurationSeconds": 3600,
-                "renewTime": format_micro(NOW),
-            },
-        },
+        json=held("node-healthcheck", NOW, acquired=None),
     )
     with pytest.raises(LeaseHeldError) as info:
         await LeaseClient(kube, "medik8s-leases", clock=lambda: NOW).request(NODE)
@@ -63,7 +59,7 @@ async def test_release_leaves_a_foreign_lease_alone(
 ) -> None:
     api_server.get(f"{LEASES}/node-n1").respond(
         200,
-        json={"metadata": {"name": "node-n1"}, "spec": {"holderIdentity": "self-node-remediation"}},
+        json=builders.lease("self-node-remediation"),
     )
     delete = api_server.delete(f"{LEASES}/node-n1").respond(200, json={})
     assert await LeaseClient(kube, "medik8s-leases").release("n1") is False
@@ -71,15 +67,7 @@ async def test_release_leaves_a_foreign_lease_alone(
 
 
 async def test_renew_conflict_rereads_once(api_server: respx.MockRouter, kube: Kube) -> None:
-    mine = {
-        "metadata": {"name": "node-n1", "resourceVersion": "5", "uid": "l1"},
-        "spec": {
-            "holderIdentity": "node-maintenance",
-            "leaseDurationSeconds": 3600,
-            "renewTime": "2026-11-30T10:00:00.000000Z",
-            "acquireTime": "2026-11-30T10:00:00.000000Z",
-        },
-    }
+    mine = held("node-maintenance", datetime(2026, 11, 30, 10, tzinfo=UTC))
     api_server.get(f"{LEASES}/node-n1").respond(200, json=mine)
     put = api_server.put(f"{LEASES}/node-n1").mock(
         side_effect=[
@@ -93,15 +81,7 @@ async def test_renew_conflict_rereads_once(api_server: respx.MockRouter, kube: K
 
 
 def _foreign(renewed: datetime) -> dict[str, object]:
-    return {
-        "metadata": {"name": "node-n1", "resourceVersion": "5", "uid": "l1"},
-        "spec": {
-            "holderIdentity": "node-healthcheck",
-            "leaseDurationSeconds": 3600,
-            "renewTime": format_micro(renewed),
-            "acquireTime": format_micro(renewed - timedelta(hours=5)),
-        },
-    }
+    return held("node-healthcheck", renewed, acquired=renewed - timedelta(hours=5))
 
 
 async def test_a_renewal_landing_during_the_read_is_not_taken_over(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
 from nmo.kube.client import Params
 from nmo.kube.errors import NotFound, Transient
 from nmo.webhooks.lookups import ClusterLookups, LookupSettings, selector_query
@@ -65,15 +67,8 @@ class Clock:
         return self.now
 
 
-def node(name: str) -> Obj:
-    return {"metadata": {"name": name, "labels": {}}}
-
-
-def nm(name: str, node_name: str, *, deleting: bool = False) -> Obj:
-    meta: Obj = {"name": name, "uid": f"uid-{name}"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": node_name}}
+node = partial(builders.node, labels={})
+nm = partial(builders.nm, uid="uid-{name}")
 
 
 def make(

@@ -1,10 +1,12 @@
 """Node changes on entering and leaving maintenance (A2 5-7, A3, B7)."""
 
-import copy
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
+from builders import apply_patch
 from nmo.api import constants as c
 from nmo.core.maintenance import nodepatch
 
@@ -13,39 +15,7 @@ DRAIN = {"key": c.DRAIN_TAINT_KEY, "effect": "NoSchedule"}
 OTHER = {"key": "dedicated", "value": "gpu", "effect": "NoExecute"}
 
 
-def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """A minimal RFC 6902 applier (add/replace/remove/test on object paths)."""
-    doc = copy.deepcopy(doc)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[part]
-        last = parts[-1]
-        if op["op"] == "test":
-            assert parent[last] == op["value"], "test op failed"
-        elif op["op"] in ("add", "replace"):
-            parent[last] = op["value"]
-        elif op["op"] == "remove":
-            del parent[last]
-    return doc
-
-
-def node(
-    *,
-    taints: list[dict[str, Any]] | None = None,
-    unschedulable: bool = False,
-    labels: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    if taints is not None:
-        spec["taints"] = taints
-    if unschedulable:
-        spec["unschedulable"] = True
-    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "42"}
-    if labels is not None:
-        meta["labels"] = labels
-    return {"metadata": meta, "spec": spec}
+node = partial(builders.node, resource_version="42")
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
 from nmo.core.maintenance.notifications import Kind, Notification, for_pass, kinds, rfc3339
@@ -67,10 +68,7 @@ def _nm(drained: str | None = None, reason: str | None = "kernel upgrade") -> No
     status: dict[str, Any] = {}
     if drained is not None:
         status = {"phase": "Running", "conditions": [_cond(drained, "before")]}
-    spec: dict[str, Any] = {"nodeName": "node-2"}
-    if reason is not None:
-        spec["reason"] = reason
-    return NodeMaintenance.from_api({"metadata": {"name": "nm-1"}, "spec": spec, "status": status})
+    return NodeMaintenance.from_api(builders.nm(node="node-2", reason=reason, status=status))
 
 
 def _cond(reason: str, message: str) -> dict[str, Any]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from builders import pdb, pod
 from nmo.api import constants as c
 from nmo.ops import bundle
 
@@ -77,22 +76,21 @@ def test_parse_duration_rejects(text: str) -> None:
         bundle.parse_duration(text)
 
 
-def pod(ns: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name, "labels": labels}}
-
-
-def pdb(ns: str, name: str, selector: dict[str, Any] | None) -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name}, "spec": {"selector": selector}}
-
-
 def test_pdbs_covering() -> None:
-    pods = [pod("a", "db-0", {"app": "db"}), pod("b", "web-1", {"app": "web", "tier": "fe"})]
+    pods = [
+        pod("db-0", namespace="a", labels={"app": "db"}),
+        pod("web-1", namespace="b", labels={"app": "web", "tier": "fe"}),
+    ]
     pdbs = [
-        pdb("a", "db", {"matchLabels": {"app": "db"}}),
-        pdb("b", "db", {"matchLabels": {"app": "db"}}),  # other namespace's db
-        pdb("b", "fe", {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fe"]}]}),
-        pdb("b", "all", {}),  # empty selector selects every pod in the namespace
-        pdb("b", "none", None),
+        pdb("db", namespace="a", match_labels={"app": "db"}),
+        pdb("db", namespace="b", match_labels={"app": "db"}),  # other namespace's db
+        pdb(
+            "fe",
+            namespace="b",
+            selector={"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fe"]}]},
+        ),
+        pdb("all", namespace="b", selector={}),  # empty selector selects every pod in the namespace
+        pdb("none", namespace="b"),  # no selector: selects nothing
     ]
     covered = [(p["metadata"]["namespace"] + "/" + p["metadata"]["name"], pods_)
                for p, pods_ in bundle.pdbs_covering(pdbs, pods)]  # fmt: skip

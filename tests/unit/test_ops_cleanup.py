@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
+from builders import apply_patch
 from nmo.api import constants as c
 from nmo.core.maintenance.nodepatch import PriorState
 from nmo.kube.errors import NotFound
@@ -28,61 +31,15 @@ DRAIN_EXEC = {"key": c.DRAIN_TAINT_KEY, "effect": "NoExecute"}  # same key, not 
 BOTH_LABELS = {c.EXCLUDE_FROM_REMEDIATION_LABEL: "true", c.GUIDE_EXCLUDE_LABEL: "true"}
 
 
-def node(
-    *,
-    taints: list[dict[str, Any]] | None = None,
-    cordoned: bool = False,
-    labels: dict[str, str] | None = None,
-    prior: PriorState | None = None,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": "n1", "resourceVersion": "7", "labels": dict(labels or {})}
-    if prior is not None:  # nmo's record, on the node
-        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
-    return {"metadata": meta, "spec": {"unschedulable": cordoned, "taints": list(taints or [])}}
-
-
-def nm(
-    name: str = "nm-1",
-    *,
-    finalizers: tuple[str, ...] = (c.FINALIZER,),
-    prior: PriorState | None = None,
-    deleting: bool = False,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "uid": f"uid-{name}",
-        "resourceVersion": "3",
-        "creationTimestamp": "2026-01-01T10:00:00Z",
-        "finalizers": list(finalizers),
-    }
-    if prior is not None:
-        meta["annotations"] = {c.PRIOR_STATE_ANNOTATION: prior.to_annotation()}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-01-01T11:00:00Z"
-    return {"metadata": meta, "spec": {"nodeName": "n1"}}
-
-
-def lease(holder: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "node-n1", "uid": "u1", "resourceVersion": "9"},
-        "spec": {"holderIdentity": holder},
-    }
-
-
-def apply(doc: dict[str, Any], ops: list[dict[str, Any]] | None) -> dict[str, Any]:
-    doc = copy.deepcopy(doc)
-    for op in ops or []:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[part]
-        if op["op"] == "test":
-            assert parent[parts[-1]] == op["value"]
-        elif op["op"] == "remove":
-            del parent[parts[-1]]
-        else:
-            parent[parts[-1]] = op["value"]
-    return doc
+node = partial(builders.node, resource_version="7", labels={}, unschedulable=False, taints=[])
+nm = partial(
+    builders.nm,
+    uid="uid-{name}",
+    resource_version="3",
+    created="2026-01-01T10:00:00Z",
+    finalizers=(c.FINALIZER,),
+)
+lease = partial(builders.lease, uid="u1", resource_version="9")
 
 
 def plan(n: dict[str, Any] | None, crs: list[dict[str, Any]] | None = None, ls: Any = None) -> Plan:
@@ -99,7 +56,7 @@ def kinds(p: Plan) -> list[StepKind]:
     ("before", "crs", "after_taints", "after_cordon", "after_labels"),
     [
         pytest.param(
-            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            node(taints=[UNSCHED, DRAIN], unschedulable=True, labels=BOTH_LABELS),
             [nm()],
             [],
             False,
@@ -107,7 +64,7 @@ def kinds(p: Plan) -> list[StepKind]:
             id="full-mess-both-label-keys",
         ),
         pytest.param(
-            node(taints=[FOREIGN, UNSCHED, DRAIN, DRAIN_EXEC], cordoned=True),
+            node(taints=[FOREIGN, UNSCHED, DRAIN, DRAIN_EXEC], unschedulable=True),
             [],
             [FOREIGN, DRAIN_EXEC],
             False,
@@ -117,7 +74,7 @@ def kinds(p: Plan) -> list[StepKind]:
         pytest.param(
             node(
                 taints=[UNSCHED, DRAIN],
-                cordoned=True,
+                unschedulable=True,
                 labels=BOTH_LABELS,
                 prior=PriorState(
                     unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,), maintenance="uid-nm-1"
@@ -132,7 +89,7 @@ def kinds(p: Plan) -> list[StepKind]:
         pytest.param(
             node(
                 taints=[DRAIN],
-                cordoned=True,
+                unschedulable=True,
                 labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
                 prior=PriorState(label=True),
             ),
@@ -143,7 +100,7 @@ def kinds(p: Plan) -> list[StepKind]:
             id="prior-label-kept",
         ),
         pytest.param(
-            node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS),
+            node(taints=[UNSCHED, DRAIN], unschedulable=True, labels=BOTH_LABELS),
             [nm(prior=PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,)))],
             [],
             False,
@@ -159,7 +116,7 @@ def kinds(p: Plan) -> list[StepKind]:
             id="admin-exclude-label-without-sign-of-maintenance-kept",
         ),
         pytest.param(
-            node(cordoned=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
+            node(unschedulable=True, labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"}),
             [],
             [],
             True,
@@ -167,7 +124,7 @@ def kinds(p: Plan) -> list[StepKind]:
             id="admin-cordon-and-exclude-label-left-alone",
         ),
         pytest.param(
-            node(taints=[UNSCHED], cordoned=True),
+            node(taints=[UNSCHED], unschedulable=True),
             [],
             [UNSCHED],
             True,
@@ -200,7 +157,7 @@ def test_node_after_cleanup(
     after_labels: dict[str, str],
 ) -> None:
     p = plan(before, crs)
-    after = apply(before, p.node_patch)
+    after = apply_patch(before, p.node_patch)
     assert after["spec"]["taints"] == after_taints
     assert c.PRIOR_STATE_ANNOTATION not in (after["metadata"].get("annotations") or {})
     assert after["spec"]["unschedulable"] is after_cordon
@@ -224,7 +181,7 @@ def test_node_patch_is_guarded_by_resource_version() -> None:
 
 def test_prior_cordon_is_explained() -> None:
     prior = PriorState(unschedulable=True, taints=(c.UNSCHEDULABLE_TAINT_KEY,))
-    p = plan(node(taints=[UNSCHED, DRAIN], cordoned=True, prior=prior), [nm()])
+    p = plan(node(taints=[UNSCHED, DRAIN], unschedulable=True, prior=prior), [nm()])
     assert StepKind.UNCORDON not in kinds(p)
     assert any("cordoned before the maintenance (recorded on node/n1 by nmo)" in k for k in p.kept)
     assert StepKind.REMOVE_RECORD in kinds(p)
@@ -302,17 +259,17 @@ def test_unknown_node_still_cleans_cr_and_lease() -> None:
 
 
 def test_second_run_is_a_no_op() -> None:
-    before = node(taints=[FOREIGN, UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS)
+    before = node(taints=[FOREIGN, UNSCHED, DRAIN], unschedulable=True, labels=BOTH_LABELS)
     first = plan(before, [nm(deleting=True)], lease(c.LEASE_HOLDER))
-    after = apply(before, first.node_patch)
+    after = apply_patch(before, first.node_patch)
     second = plan(after, [], None)
     assert second.empty
     assert second.node_patch is None
 
 
 def test_replanned_subset_is_accepted() -> None:
-    full = plan(node(taints=[UNSCHED, DRAIN], cordoned=True, labels=BOTH_LABELS), [nm()])
-    less = plan(node(taints=[DRAIN], cordoned=True), [nm()])
+    full = plan(node(taints=[UNSCHED, DRAIN], unschedulable=True, labels=BOTH_LABELS), [nm()])
+    less = plan(node(taints=[DRAIN], unschedulable=True), [nm()])
     assert same_or_smaller(less, full)
     assert not same_or_smaller(full, less)
 
@@ -405,7 +362,7 @@ def test_plan_shown_as_plain_text(holder: str) -> None:
 
     from nmo.cli.ops import _show_plan
 
-    shown = plan(node(taints=[DRAIN], cordoned=True), [nm()], lease(holder))
+    shown = plan(node(taints=[DRAIN], unschedulable=True), [nm()], lease(holder))
     terminal = Console(width=300, force_terminal=True, color_system="truecolor")
     with terminal.capture() as captured:
         _show_plan(terminal, shown)

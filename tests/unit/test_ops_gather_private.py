@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import respx
 
+from builders import pod
 from nmo.kube.client import Kube
 from nmo.ops.gather import Gatherer, GatherSettings
 
@@ -24,29 +25,25 @@ PEM = (
 SECRETS = ["db-pass-value-1", "url-password-2", "abc123secret", "MIIEvQIBADANBgkqhkiG9w0BAQEF"]
 
 
-def _pod() -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "app-0",
-            "namespace": "shop",
-            "uid": "u1",
-            "annotations": {
-                "example.com/db": "postgres://app:url-password-2@db:5432/app",
-                "example.com/key": PEM,
-            },
-        },
-        "spec": {
-            "nodeName": "n1",
-            "containers": [
-                {
-                    "name": "app",
-                    "args": ["--token", "abc123secret"],
-                    "env": [{"name": "DB_PASS", "value": "db-pass-value-1"}],
-                }
-            ],
-        },
-        "status": {"phase": "Running"},
-    }
+# A pod whose annotations, arguments and environment hold secrets.
+POD = pod(
+    "app-0",
+    namespace="shop",
+    uid="u1",
+    annotations={
+        "example.com/db": "postgres://app:url-password-2@db:5432/app",
+        "example.com/key": PEM,
+    },
+    node="n1",
+    containers=[
+        {
+            "name": "app",
+            "args": ["--token", "abc123secret"],
+            "env": [{"name": "DB_PASS", "value": "db-pass-value-1"}],
+        }
+    ],
+    phase="Running",
+)
 
 
 def _items(*items: dict[str, Any]) -> httpx.Response:
@@ -65,7 +62,7 @@ async def test_gather_writes_no_secret_and_private_files(
     api_server.get("/api/v1").respond(json={"kind": "APIResourceList"})
     api_server.get(path__regex=r".*/nodemaintenances$").mock(return_value=_items(nm))
     api_server.get("/api/v1/pods", params={"fieldSelector": "spec.nodeName=n1"}).mock(
-        return_value=_items(_pod())
+        return_value=_items(POD)
     )
     api_server.get("/api/v1/events").mock(return_value=_items(event))
     api_server.route().mock(return_value=_items())

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+import builders
 from nmo.api import constants as c
 from nmo.ops import summary
 
@@ -16,10 +17,10 @@ NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def running_nm() -> dict[str, Any]:
-    return {
-        "metadata": {"name": "nm-1", "creationTimestamp": "2026-01-01T11:50:00Z"},
-        "spec": {"nodeName": "n1", "reason": "kernel upgrade"},
-        "status": {
+    return builders.nm(
+        created="2026-01-01T11:50:00Z",
+        reason="kernel upgrade",
+        status={
             "phase": "Running",
             "drainProgress": 50,
             "lastUpdate": "2026-01-01T11:59:00Z",
@@ -40,17 +41,16 @@ def running_nm() -> dict[str, Any]:
                 }
             ],
         },
-    }
+    )
 
 
-LEASE = {
-    "metadata": {"name": "node-n1", "namespace": "medik8s-leases"},
-    "spec": {
-        "holderIdentity": c.LEASE_HOLDER,
-        "renewTime": "2026-01-01T11:58:00.000000Z",
-        "leaseDurationSeconds": 3600,
-    },
-}
+LEASE = builders.lease(
+    c.LEASE_HOLDER,
+    datetime(2026, 1, 1, 11, 58, tzinfo=UTC),
+    namespace="medik8s-leases",
+    duration=3600,
+    acquired=None,
+)
 
 
 def event(kind: str, name: str, reason: str, t: str) -> dict[str, Any]:

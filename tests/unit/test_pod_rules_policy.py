@@ -11,6 +11,7 @@ from test_drainplan import NOW, START, deadline, no_ds, pod
 from test_planner import node_obj, observed
 from test_planner import pod as plan_pod
 
+import builders
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, OnTimeout
 from nmo.core.maintenance import planner
@@ -141,10 +142,9 @@ def nm_with(timeout: int | None, action: str | None = None) -> NodeMaintenance:
         drain["timeoutSeconds"] = timeout
     if action is not None:
         drain["onTimeout"] = action
-    spec: Obj = {"nodeName": "n1", **({"drain": drain} if drain else {})}
     start = START.strftime("%Y-%m-%dT%H:%M:%SZ")
     return NodeMaintenance.from_api(
-        {"metadata": {"name": "nm"}, "spec": spec, "status": {"drainStartTime": start}}
+        builders.nm("nm", drain=drain or None, status={"drainStartTime": start})
     )
 
 

@@ -1,34 +1,15 @@
 """kubectl drain's pod filters, as nmo applies them (behavior.md A4)."""
 
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
+from builders import owner_ref
 from nmo.core.maintenance.podselect import daemonset_owner, running_daemonset_owner, select_pods
 
-
-def pod(
-    name: str,
-    *,
-    owner: str | None = None,
-    mirror: bool = False,
-    empty_dir: bool = False,
-    phase: str = "Running",
-    api_version: str = "apps/v1",
-    controller: bool = True,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
-    if owner:
-        kind, owner_name = owner.split("/")
-        meta["ownerReferences"] = [
-            {"apiVersion": api_version, "kind": kind, "name": owner_name, "controller": controller}
-        ]
-    if mirror:
-        meta["annotations"] = {"kubernetes.io/config.mirror": "x"}
-    spec: dict[str, Any] = {"nodeName": "n1"}
-    if empty_dir:
-        spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+pod = partial(builders.pod, namespace="ns", uid="uid-{name}", node="n1", phase="Running")
 
 
 @pytest.mark.parametrize(
@@ -77,19 +58,19 @@ def test_daemonset_lookup_uses_namespace_and_name() -> None:
         ),
         pytest.param(pod("ds", owner="DaemonSet/agent", phase="Failed"), True, False, id="failed"),
         pytest.param(
-            pod("ds", owner="DaemonSet/agent", api_version="apps/v1beta2"),
+            pod("ds", owner=owner_ref("DaemonSet/agent", api_version="apps/v1beta2")),
             True,
             False,
             id="apps/v1beta2 is not a DaemonSet",
         ),
         pytest.param(
-            pod("ds", owner="DaemonSet/agent", api_version="extensions/v1beta1"),
+            pod("ds", owner=owner_ref("DaemonSet/agent", api_version="extensions/v1beta1")),
             True,
             False,
             id="extensions/v1beta1 is not a DaemonSet",
         ),
         pytest.param(
-            pod("ds", owner="DaemonSet/agent", controller=False),
+            pod("ds", owner=owner_ref("DaemonSet/agent", controller=False)),
             True,
             False,
             id="owner that is not the controller",
@@ -111,7 +92,7 @@ def test_daemonset_pods_as_kubectl_filters_them(
 
 def test_an_owner_in_another_api_version_is_still_a_controller() -> None:
     """No "declare no controller" warning: kubectl only checks that a controller exists."""
-    p = pod("ds", owner="DaemonSet/agent", api_version="apps/v1beta2")
+    p = pod("ds", owner=owner_ref("DaemonSet/agent", api_version="apps/v1beta2"))
     assert select_pods([p], lambda _key: True).warnings == []
 
 

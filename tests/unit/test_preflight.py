@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
 
+import builders
 from nmo.core.maintenance.disruption import (
     MAX_WARNING_CHARS,
     MAX_WARNINGS,
@@ -21,64 +23,27 @@ ORDER = "nodemaintenance.medik8s.io/drain-order"
 WEB = {"app": "web"}
 
 
-def pod(
-    name: str,
-    *,
-    ns: str = "shop",
-    labels: dict[str, str] | None = None,
-    owner: str | None = "ReplicaSet/rs",
-    phase: str = "Running",
-    ready: bool = True,
-    order: str | None = None,
-    critical: bool = False,
-    mirror: bool = False,
-    terminating: bool = False,
-) -> Obj:
-    meta: Obj = {"name": name, "namespace": ns, "labels": labels or {}, "annotations": {}}
-    if owner:
-        kind, owner_name = owner.split("/")
-        meta["ownerReferences"] = [
-            {"apiVersion": "apps/v1", "kind": kind, "name": owner_name, "controller": True}
-        ]
-    if order is not None:
-        meta["annotations"][ORDER] = order
-    if mirror:
-        meta["annotations"]["kubernetes.io/config.mirror"] = "hash"
-    if terminating:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    spec: Obj = {"nodeName": "node-2", "terminationGracePeriodSeconds": 5}
-    if critical:
-        spec["priorityClassName"] = "system-cluster-critical"
-    status = {"phase": phase, "conditions": [{"type": "Ready", "status": str(ready)}]}
-    return {"metadata": meta, "spec": spec, "status": status}
-
-
-def pdb(
-    name: str,
-    *,
-    allowed: int,
-    desired: int = 3,
-    current: int = 3,
-    expected: int = 3,
-    ns: str = "shop",
-    selector: Obj | None = None,
-    observed: bool = True,
-    policy: str | None = None,
-) -> Obj:
-    spec: Obj = {"selector": {"matchLabels": WEB} if selector is None else selector}
-    if policy:
-        spec["unhealthyPodEvictionPolicy"] = policy
-    return {
-        "metadata": {"name": name, "namespace": ns, "generation": 2},
-        "spec": spec,
-        "status": {
-            "observedGeneration": 2 if observed else 1,
-            "desiredHealthy": desired,
-            "currentHealthy": current,
-            "disruptionsAllowed": allowed,
-            "expectedPods": expected,
-        },
-    }
+pod = partial(
+    builders.pod,
+    namespace="shop",
+    labels={},
+    annotations={},
+    owner="ReplicaSet/rs",
+    node="node-2",
+    grace=5,
+    phase="Running",
+    ready=True,
+)
+pdb = partial(
+    builders.pdb,
+    namespace="shop",
+    generation=2,
+    match_labels=WEB,
+    observed_generation=2,
+    desired=3,
+    current=3,
+    expected=3,
+)
 
 
 def plan(pods: list[Obj], pdbs: list[Obj] | None = None, **kw: Any) -> preflight.Preflight:
@@ -202,12 +167,12 @@ def test_no_pods() -> None:
 
 
 ORDERED = [
-    pod("late", order="10"),
-    pod("early", order="-1"),
-    pod("dns", critical=True),
+    pod("late", annotations={ORDER: "10"}),
+    pod("early", annotations={ORDER: "-1"}),
+    pod("dns", priority_class="system-cluster-critical"),
     pod("web"),
     pod("job", labels={RULE: "wait-completed"}),
-    pod("bad", order="soon"),
+    pod("bad", annotations={ORDER: "soon"}),
 ]
 
 
@@ -303,17 +268,23 @@ def test_pod_covered_by_two_budgets_blocks() -> None:
         ),
         pytest.param(pod("w", labels=WEB, phase="Failed"), pdb("b", allowed=0), False, id="failed"),
         pytest.param(
-            pod("w", labels=WEB, terminating=True), pdb("b", allowed=0), False, id="terminating"
+            pod("w", labels=WEB, deleting=True), pdb("b", allowed=0), False, id="terminating"
         ),
         pytest.param(
-            pod("w", labels=WEB, ns="other"), pdb("b", allowed=0), False, id="other namespace"
+            pod("w", labels=WEB, namespace="other"),
+            pdb("b", allowed=0),
+            False,
+            id="other namespace",
         ),
         pytest.param(
             pod("w", labels=WEB), pdb("b", allowed=0, selector={}), True, id="empty selector"
         ),
         pytest.param(pod("w", labels={"app": "x"}), pdb("b", allowed=0), False, id="not selected"),
         pytest.param(
-            pod("w", labels=WEB), pdb("b", allowed=3, observed=False), True, id="stale status"
+            pod("w", labels=WEB),
+            pdb("b", allowed=3, observed_generation=1),
+            True,
+            id="stale status",
         ),
         pytest.param(
             pod("w", labels=WEB, ready=False),
@@ -444,9 +415,9 @@ def test_no_warning_when_a_disruption_is_allowed() -> None:
 
 def test_warnings_stay_under_the_limits() -> None:
     long = "x" * 240
-    pods = [pod(f"p{i}", labels={"i": str(i)}, ns=long[:63]) for i in range(9)]
+    pods = [pod(f"p{i}", labels={"i": str(i)}, namespace=long[:63]) for i in range(9)]
     pdbs = [
-        pdb(f"{long}-{i}", allowed=0, ns=long[:63], selector={"matchLabels": {"i": str(i)}})
+        pdb(f"{long}-{i}", allowed=0, namespace=long[:63], selector={"matchLabels": {"i": str(i)}})
         for i in range(9)
     ]
     warnings = disruption_warnings(budgets_for(pods, pdbs), "n" * 253)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from webhook_fakes import GUARD, FakeLookups, Obj, guard, nm, node, pdb
 
+import builders
 from nmo.api.constants import CONTROL_PLANE_ROLE_LABEL, MASTER_ROLE_LABEL, Messages
 from nmo.core.maintenance.quorum import etcd_disruption_allowed, is_control_plane
 from nmo.core.maintenance.selectors import selector_matches
@@ -209,7 +210,9 @@ async def test_quorum_node_lookup_failure_has_nmo_wording() -> None:
 async def test_concurrent_claim_is_a_duplicate() -> None:
     lookups = FakeLookups(nodes={"n1": node("n1")})
     first = await validate_create(nm("n1"), lookups, claimant="a")
-    second = await validate_create(nm("n1", "other"), lookups, claimant="b")
+    second = await validate_create(
+        builders.nm("other", "n1", uid="uid-{name}"), lookups, claimant="b"
+    )
     assert first.allowed
     assert second.message == DENIED_DUPLICATE
 

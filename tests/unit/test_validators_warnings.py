@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import httpx
@@ -11,6 +12,7 @@ import respx
 from test_lookups import Clock, FakeCache, FakeKube
 from webhook_fakes import FakeLookups, node
 
+import builders
 from nmo.api.constants import WEBHOOK_PATH
 from nmo.kube.client import Kube, parse_warning
 from nmo.kube.errors import Forbidden
@@ -33,27 +35,9 @@ WARNING = (
 )
 
 
-def pod(name: str, *, ns: str = "shop", labels: dict[str, str] | None = None, **meta: Any) -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": ns, "labels": labels or dict(WEB), **meta},
-        "spec": {"nodeName": "n1"},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
-def pdb(allowed: int, *, ns: str = "shop", name: str = "web-pdb") -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"selector": {"matchLabels": WEB}},
-        "status": {"desiredHealthy": 2, "currentHealthy": 2, "disruptionsAllowed": allowed},
-    }
-
-
-def cr(drain: Obj | None = None) -> Obj:
-    spec: Obj = {"nodeName": "n1"}
-    if drain is not None:
-        spec["drain"] = drain
-    return {"metadata": {"name": "nm", "uid": "u1"}, "spec": spec}
+pod = partial(builders.pod, namespace="shop", labels=WEB, node="n1", phase="Running", ready=True)
+pdb = partial(builders.pdb, "web-pdb", namespace="shop", match_labels=WEB, desired=2, current=2)
+cr = partial(builders.nm, "nm", "n1", uid="u1")
 
 
 def cluster(pods: list[Obj], pdbs: list[Obj], **kw: Any) -> FakeLookups:
@@ -62,7 +46,7 @@ def cluster(pods: list[Obj], pdbs: list[Obj], **kw: Any) -> FakeLookups:
 
 @pytest.mark.parametrize("dry_run", [False, True])
 async def test_blocking_budget_warns_and_allows(dry_run: bool) -> None:
-    lookups = cluster([pod("web-1"), pod("web-2")], [pdb(0)])
+    lookups = cluster([pod("web-1"), pod("web-2")], [pdb(allowed=0)])
     decision = await validate_create(cr(), lookups, claimant="u1", dry_run=dry_run)
     assert decision.allowed
     assert decision.warnings == (WARNING,)
@@ -72,7 +56,7 @@ async def test_a_pods_own_skip_rule_is_not_honoured_by_default() -> None:
     """As the operator with default flags (the Go NMO's behaviour), the webhook
     counts a pod labelled drain=skip among those the drain evicts."""
     labelled = pod("web-1", labels={**WEB, "nodemaintenance.medik8s.io/drain": "skip"})
-    decision = await validate_create(cr(), cluster([labelled], [pdb(0)]), claimant="u1")
+    decision = await validate_create(cr(), cluster([labelled], [pdb(allowed=0)]), claimant="u1")
     assert decision.allowed and len(decision.warnings) == 1
     assert "shop/web-pdb allows no disruption" in decision.warnings[0]
 
@@ -80,37 +64,25 @@ async def test_a_pods_own_skip_rule_is_not_honoured_by_default() -> None:
 @pytest.mark.parametrize(
     ("pods", "pdbs", "drain"),
     [
-        pytest.param([pod("web-1")], [pdb(1)], None, id="a disruption is allowed"),
-        pytest.param([], [pdb(0)], None, id="no pods"),
+        pytest.param([pod("web-1")], [pdb(allowed=1)], None, id="a disruption is allowed"),
+        pytest.param([], [pdb(allowed=0)], None, id="no pods"),
         pytest.param([pod("web-1")], [], None, id="no budget"),
         pytest.param(
             [pod("web-1")],
-            [pdb(0)],
+            [pdb(allowed=0)],
             {"podSelector": {"matchLabels": {"app": "db"}}},
             id="pod outside the CR's podSelector",
         ),
         pytest.param(
-            [
-                pod(
-                    "agent",
-                    ownerReferences=[
-                        {
-                            "apiVersion": "apps/v1",
-                            "kind": "DaemonSet",
-                            "name": "a",
-                            "controller": True,
-                        }
-                    ],
-                )
-            ],
-            [pdb(0)],
+            [pod("agent", owner="DaemonSet/a")],
+            [pdb(allowed=0)],
             None,
             id="DaemonSet pod",
         ),
     ],
 )
 async def test_no_warning(pods: list[Obj], pdbs: list[Obj], drain: Obj | None) -> None:
-    decision = await validate_create(cr(drain), cluster(pods, pdbs), claimant="u1")
+    decision = await validate_create(cr(drain=drain), cluster(pods, pdbs), claimant="u1")
     assert decision == Decision.allow()
 
 
@@ -118,7 +90,7 @@ async def test_lookup_failure_allows_without_warning_and_logs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("WARNING", logger="nmo.webhooks")
-    lookups = cluster([pod("web-1")], [pdb(0)], failing={"budgets"})
+    lookups = cluster([pod("web-1")], [pdb(allowed=0)], failing={"budgets"})
     decision = await validate_create(cr(), lookups, claimant="u1")
     assert decision == Decision.allow()
     assert lookups.claims == {"n1": "u1"}  # the claim stands: the CREATE goes ahead
@@ -151,7 +123,7 @@ def test_review_carries_warnings_only_when_there_are_some() -> None:
 
 
 async def test_webhook_app_answers_with_warnings() -> None:
-    lookups = cluster([pod("web-1")], [pdb(0)])
+    lookups = cluster([pod("web-1")], [pdb(allowed=0)])
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -194,14 +166,14 @@ def lookups_with(kube: FakeKube, **settings: Any) -> ClusterLookups:
 async def test_node_budgets_lists_the_node_pods_then_their_namespaces_pdbs() -> None:
     kube = ListingKube(
         {
-            "/api/v1/pods": {"items": [pod("web-1"), pod("x", ns="other")]},
-            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(0)]},
+            "/api/v1/pods": {"items": [pod("web-1"), pod("x", namespace="other")]},
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(allowed=0)]},
             "/apis/policy/v1/namespaces/other/poddisruptionbudgets": {"items": []},
         }
     )
     pods, pdbs = await lookups_with(kube).node_budgets("n1")
     assert [p["metadata"]["name"] for p in pods] == ["web-1", "x"]
-    assert pdbs == [pdb(0)]
+    assert pdbs == [pdb(allowed=0)]
     assert kube.calls[0] == ("GET", "/api/v1/pods", {"fieldSelector": "spec.nodeName=n1"})
     assert sorted(c[1] for c in kube.calls[1:]) == [
         "/apis/policy/v1/namespaces/other/poddisruptionbudgets",
@@ -213,9 +185,9 @@ async def test_node_budgets_uses_one_cluster_list_for_many_namespaces() -> None:
     namespaces = [f"ns{i}" for i in range(MAX_PDB_NAMESPACES + 1)]
     kube = ListingKube(
         {
-            "/api/v1/pods": {"items": [pod("p", ns=ns) for ns in namespaces]},
+            "/api/v1/pods": {"items": [pod("p", namespace=ns) for ns in namespaces]},
             "/apis/policy/v1/poddisruptionbudgets": {
-                "items": [pdb(0, ns="ns0"), pdb(0, ns="unrelated")]
+                "items": [pdb(allowed=0, namespace="ns0"), pdb(allowed=0, namespace="unrelated")]
             },
         }
     )
@@ -229,7 +201,7 @@ async def test_node_budgets_are_read_once_per_ttl_for_a_node() -> None:
     kube = ListingKube(
         {
             "/api/v1/pods": {"items": [pod("web-1")]},
-            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(0)]},
+            "/apis/policy/v1/namespaces/shop/poddisruptionbudgets": {"items": [pdb(allowed=0)]},
         }
     )
     lookups = ClusterLookups(
@@ -240,7 +212,7 @@ async def test_node_budgets_are_read_once_per_ttl_for_a_node() -> None:
         clock=clock,
     )
     for _ in range(100):  # forged CREATEs for one node
-        assert await lookups.node_budgets("n1") == ([pod("web-1")], [pdb(0)])
+        assert await lookups.node_budgets("n1") == ([pod("web-1")], [pdb(allowed=0)])
     assert len(kube.calls) == 2  # the pods, their namespace's PDBs
     await lookups.node_budgets("n2")  # another node is read for itself
     assert len(kube.calls) == 4
@@ -314,7 +286,7 @@ async def test_create_asking_for_delete_warns_when_nmo_may_not(
     drain: Obj | None, may: bool | None, warned: bool
 ) -> None:
     lookups = cluster([], [], pod_deletion=may)
-    decision = await validate_create(cr(drain), lookups, claimant="u1")
+    decision = await validate_create(cr(drain=drain), lookups, claimant="u1")
     assert decision.allowed
     assert (POD_DELETION_WARNING in decision.warnings) is warned
     assert lookups.deletion_checks == (1 if drain and drain["onTimeout"] == "Delete" else 0)
@@ -323,7 +295,7 @@ async def test_create_asking_for_delete_warns_when_nmo_may_not(
 
 async def test_the_deletion_check_failing_never_refuses() -> None:
     lookups = cluster([], [], failing={"access"})
-    decision = await validate_create(cr({"onTimeout": "Delete"}), lookups, claimant="u1")
+    decision = await validate_create(cr(drain={"onTimeout": "Delete"}), lookups, claimant="u1")
     assert decision.allowed and decision.warnings == ()
 
 
@@ -345,7 +317,7 @@ async def test_update_turning_to_delete_warns(
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://test"
     ) as http:
-        resp = await http.post(WEBHOOK_PATH, json=update_review(cr(old), cr(new)))
+        resp = await http.post(WEBHOOK_PATH, json=update_review(cr(drain=old), cr(drain=new)))
     answer = resp.json()["response"]
     assert answer["allowed"] is True
     assert (answer.get("warnings") == [POD_DELETION_WARNING]) is warned

@@ -4,31 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+import builders
 from nmo.webhooks.validators import LookupFailed
 
 Obj = dict[str, Any]
 GUARD = {"app": "guard"}
 
 
-def node(name: str, *, role: str | None = None) -> Obj:
-    labels = {"kubernetes.io/hostname": name}
-    if role:
-        labels[role] = ""
-    return {"metadata": {"name": name, "labels": labels}}
-
-
-def nm(node_name: str, name: str = "nm") -> Obj:
-    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {"nodeName": node_name}}
+# The webhook tests' objects: nodes with their hostname label, the CR a review
+# carries (``nm(node)``: named "nm"), the etcd quorum guard's PDB and pods.
+node = partial(builders.node, hostname=True)
+nm = partial(builders.nm, "nm", uid="uid-{name}")
 
 
 def pdb(allowed: int, *, name: str = "etcd-guard-pdb") -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": "openshift-etcd"},
-        "spec": {"selector": {"matchLabels": GUARD}, "minAvailable": 2},
-        "status": {"disruptionsAllowed": allowed},
-    }
+    return builders.pdb(
+        name, namespace="openshift-etcd", match_labels=GUARD, min_available=2, allowed=allowed
+    )
 
 
 def guard(
@@ -40,11 +35,9 @@ def guard(
 ) -> Obj:
     if conditions is None:
         conditions = [] if ready is None else [{"type": "Ready", "status": ready}]
-    return {
-        "metadata": {"name": f"etcd-guard-{node_name}", "labels": dict(labels)},
-        "spec": {"nodeName": node_name},
-        "status": {"conditions": conditions},
-    }
+    return builders.pod(
+        f"etcd-guard-{node_name}", labels=labels, node=node_name, conditions=conditions
+    )
 
 
 @dataclass
