@@ -1,0 +1,400 @@
+"""The executor (:class:`nmo.controller.reconciler.Reconciler`): a plan in, the exact
+requests out, in their fixed order, for every branch (issue 21 item 5).
+
+Like Cluster API's ``TestEvictPods``: the planner's own plan for a situation
+is applied against a recording API server (respx behind the real
+:class:`~nmo.kube.client.Kube`), and the test reads the requests it got, in
+order. Failures are injected per request; what the executor records for the
+next pass (a failed lease request, an API error, the answers of reads) is
+read back from the maintenance's record, and the next pass's plan from the
+real planner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+import builders
+from nmo.api import constants as c
+from nmo.api.models import NodeMaintenance
+from nmo.controller.evictor import Evictor
+from nmo.controller.leaseholder import LeaseClient
+from nmo.controller.ledger import LEDGER_NAME, FleetLedger
+from nmo.controller.memory import Memories, Memory
+from nmo.controller.reconciler import Ports, Reconciler
+from nmo.controller.recorder import EventRecorder
+from nmo.controller.renewer import LeaseRenewers
+from nmo.core.maintenance import planner
+from nmo.core.maintenance.admission import BudgetSettings
+from nmo.core.maintenance.nodepatch import PriorState
+from nmo.core.maintenance.observed import LeaseFailure, Plan, Read, ReadKind, Result, Work
+from nmo.kube.client import Kube, api_path, nm_path, node_path
+from nmo.kube.errors import Conflict, KubeError
+from nmo.kube.informer import Informer
+from nmo.telemetry.metrics import Metrics
+
+Obj = dict[str, Any]
+LEASE_NS = "medik8s-leases"
+NM = nm_path("nm-1")
+STATUS = nm_path("nm-1", "status")
+NODE = node_path("n1")
+LEASES = api_path("coordination.k8s.io/v1", "leases", namespace=LEASE_NS)
+LEASE = f"{LEASES}/{c.lease_name('n1')}"
+LEDGER = api_path("coordination.k8s.io/v1", "leases", namespace="nmo", name=LEDGER_NAME)
+EVICT = "/api/v1/namespaces/app/pods/a/eviction"
+SETTINGS = planner.PlanSettings()
+BUDGET = planner.PlanSettings(budget=BudgetSettings(max_parallel=1))
+
+
+def fresh_cr(**kw: Any) -> Obj:
+    return builders.nm(uid="uid-nm-1", resource_version="10", created="2026-12-01T11:00:00Z", **kw)
+
+
+TAKEN = builders.node(
+    uid="node-uid",
+    resource_version="5",
+    labels={c.EXCLUDE_FROM_REMEDIATION_LABEL: "true"},
+    taints=[{"key": key, "effect": c.TAINT_EFFECT} for key in c.MAINTENANCE_TAINT_KEYS],
+    unschedulable=True,
+    prior=PriorState(maintenance="uid-nm-1"),
+)
+
+
+@dataclass
+class Api:
+    """The recording API server: every request in order, and failures on demand."""
+
+    router: respx.MockRouter
+    fail: dict[tuple[str, str], int] = field(default_factory=dict)  # (method, path) -> status
+    since: int = 0  # requests() and events() read the calls from here on
+    objects: dict[str, Obj] = field(default_factory=dict)  # path -> what a GET answers
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        key = (request.method, request.url.path)
+        if key in self.fail:
+            code = self.fail[key]
+            status = {"kind": "Status", "code": code, "message": f"injected {code}"}
+            return httpx.Response(code, json=status)
+        path = request.url.path
+        if request.method == "GET":
+            if path in self.objects:
+                return httpx.Response(200, json=self.objects[path])
+            return httpx.Response(404, json={"kind": "Status", "code": 404, "message": "nf"})
+        body = json.loads(request.content or b"{}")
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"kind": "Status", "status": "Success"})
+        if path.endswith("/events"):
+            return httpx.Response(201, json=body)
+        if path.endswith("/eviction"):
+            return httpx.Response(201, json={})
+        if path in (NM, STATUS):
+            current = self.objects.get(NM, fresh_cr())
+            merged = {**current, **{k: v for k, v in body.items() if k != "metadata"}}
+            meta = {**current["metadata"], **(body.get("metadata") or {})}
+            meta["resourceVersion"] = str(int(current["metadata"]["resourceVersion"]) + 1)
+            merged["metadata"] = meta
+            self.objects[NM] = merged
+            return httpx.Response(200, json=merged)
+        if request.method == "POST":
+            created = {**body, "metadata": {**body["metadata"], "uid": "u", "resourceVersion": "1"}}
+            return httpx.Response(201, json=created)
+        return httpx.Response(200, json=body if request.method == "PUT" else {"metadata": {}})
+
+    def mark(self) -> None:
+        """Later requests() and events() start here (the next pass's requests)."""
+        self.since = len(self.router.calls)
+
+    def requests(self) -> list[tuple[str, str]]:
+        """The requests made, in order, but discovery and Events (read apart)."""
+        out = []
+        for call in list(self.router.calls)[self.since :]:
+            path = call.request.url.path
+            if path.startswith("/version") or path.endswith("/events"):
+                continue
+            out.append((call.request.method, path))
+        return out
+
+    def events(self) -> list[str]:
+        return [
+            json.loads(call.request.content)["reason"]
+            for call in list(self.router.calls)[self.since :]
+            if call.request.url.path.endswith("/events") and call.request.method == "POST"
+        ]
+
+
+@pytest.fixture
+def api(api_server: respx.MockRouter) -> Api:
+    recording = Api(api_server)
+    api_server.route(name="everything").mock(side_effect=recording.answer)
+    return recording
+
+
+@dataclass
+class Harness:
+    api: Api
+    reconciler: Reconciler
+    memories: Memories
+    maintenances: Informer
+    nodes: Informer
+    pods: Informer
+    started: list[str] = field(default_factory=list)
+
+    def record(self) -> Memory:
+        return self.memories.recall("uid-nm-1", "nm-1", "n1")
+
+    def put(self, cr: Obj, node: Obj | None = None, pods: tuple[Obj, ...] = ()) -> None:
+        self.maintenances.store["nm-1"] = cr
+        self.api.objects[NM] = cr
+        if node is not None:
+            self.nodes.store["n1"] = node
+        record = self.record()
+        self.pods.store = {f"app/{p['metadata']['name']}": p for p in pods}
+        self.pods.synced.set()
+        record.pods = self.pods
+
+    async def pass_(self, settings: planner.PlanSettings = SETTINGS) -> tuple[Plan, Result]:
+        """One pass as the engine runs it: the planner's plan, then the executor."""
+        self.reconciler.settings = settings
+        raw = self.maintenances.store["nm-1"]
+        record = self.record()
+        obs = self.reconciler.observe(NodeMaintenance.from_api(raw), record)
+        plan = planner.plan(obs, settings)
+        try:
+            return plan, await self.reconciler.apply(raw, obs, plan, record)
+        except Conflict:
+            raise
+        except KubeError as exc:
+            if not plan.api_error_reported:
+                record.api_error = str(exc)
+            raise
+
+
+@pytest.fixture
+def harness(api: Api, kube: Kube) -> Iterator[Harness]:
+    metrics = Metrics()
+    memories = Memories()
+    maintenances = Informer(kube, NM, name="nodemaintenances")
+    nodes = Informer(kube, node_path(), name="nodes")
+    pods = Informer(kube, api_path("v1", "pods"), name="pods:n1")
+    leases = LeaseClient(kube, LEASE_NS)
+    started: list[str] = []
+    ports = Ports(
+        kube=kube,
+        maintenances=maintenances,
+        nodes=nodes,
+        memories=memories,
+        leases=leases,
+        renewers=LeaseRenewers(leases, interval=300.0, on_failure=lambda _: None, metrics=metrics),
+        evictor=Evictor(kube, max_parallel=5, on_change=lambda _: None, metrics=metrics),
+        recorder=EventRecorder(kube, instance="nmo-test"),
+        metrics=metrics,
+        watch_pods=lambda record: started.append(record.node),
+        ledger=FleetLedger(kube, namespace="nmo", maintenances=maintenances, nodes=nodes),
+    )
+    h = Harness(api, Reconciler(ports), memories, maintenances, nodes, pods, started)
+    yield h
+    memories.forget_all()
+
+
+async def settle() -> None:
+    """Let the eviction tasks the pass started send their requests."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+# -- entering ------------------------------------------------------------------------
+
+
+async def test_entering_writes_finalizer_then_lease_then_node_then_evicts(
+    harness: Harness,
+) -> None:
+    pod = builders.pod("a", namespace="app", uid="u-a", node="n1")
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"), (pod,))
+    plan, result = await harness.pass_()
+    assert plan.reads == (Read(ReadKind.MAINTENANCE, "nm-1"),)
+    assert harness.api.requests() == [("GET", NM)], "a live read before a lease is taken"
+    assert result == Result(requeue_after=0)
+    harness.api.mark()
+
+    plan, _ = await harness.pass_()
+    await settle()
+    sent = harness.api.requests()
+    assert sent[:4] == [("PATCH", NM), ("GET", LEASE), ("POST", LEASES), ("PATCH", NODE)]
+    assert set(sent[4:]) == {("POST", EVICT), ("PATCH", STATUS)}
+    assert harness.started == ["n1"], "the pod watch started with the pass"
+    assert harness.api.events() == ["BeginMaintenance"]
+
+
+async def test_a_node_that_changed_ends_the_pass_after_the_finalizer_and_its_event(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.record().fetched.confirmed = True
+    harness.api.fail[("PATCH", NODE)] = 409
+    with pytest.raises(Conflict, match="node n1 changed meanwhile"):
+        await harness.pass_()
+    assert harness.api.requests() == [
+        ("PATCH", NM),
+        ("GET", LEASE),
+        ("POST", LEASES),
+        ("PATCH", NODE),
+    ], "no status, no eviction"
+    assert harness.api.events() == ["BeginMaintenance"], "the finalizer's event, nothing else"
+    assert harness.record().api_error is None, "a conflict is no error: the pass is repeated"
+
+
+async def test_a_lease_held_by_another_ends_the_pass_and_the_next_one_reports_it(
+    harness: Harness,
+) -> None:
+    harness.put(
+        fresh_cr(status={"phase": "Running", "evictionPods": 1, "totalpods": 1}),
+        builders.node(uid="node-uid", resource_version="5"),
+    )
+    harness.api.objects[LEASE] = builders.lease(
+        "nhc", builders_now(), namespace=LEASE_NS, uid="l", resource_version="3", duration=3600
+    )
+    harness.record().fetched.confirmed = True
+    _, result = await harness.pass_()
+    assert result == Result(requeue_after=0)
+    assert harness.api.requests() == [("PATCH", NM), ("GET", LEASE)], "no node patch, no lease"
+    failure = harness.record().lease_failure
+    assert failure is not None and failure.foreign
+    harness.api.mark()
+    plan, _ = await harness.pass_()
+    assert plan.status is not None and "held by different owner" in (plan.status.last_error or "")
+    assert harness.api.requests() == [("PATCH", STATUS)], "the failure is reported, not retried"
+
+
+async def test_an_api_error_ends_the_pass_and_the_next_one_writes_last_error_only(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.record().fetched.confirmed = True
+    harness.api.fail[("PATCH", NODE)] = 403
+    with pytest.raises(KubeError, match="injected 403"):
+        await harness.pass_()
+    assert harness.record().api_error == "injected 403"
+    harness.api.mark()
+    plan, result = await harness.pass_()
+    assert plan.api_error_reported and result == Result(requeue_after=0)
+    assert harness.api.requests() == [("PATCH", STATUS)]
+    written = harness.api.objects[NM]["status"]
+    assert written["lastError"] == "injected 403"
+
+
+async def test_a_missing_node_is_read_live_once_then_failed_on_the_answer(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr())
+    plan, _ = await harness.pass_()
+    assert plan.reads == (Read(ReadKind.NODE, "n1"),)
+    assert harness.api.requests() == [("GET", NODE)]
+    harness.api.mark()
+    plan, _ = await harness.pass_()
+    assert plan.work is Work.STOP, "not found: Failed"
+    assert harness.api.requests() == [("PATCH", NM), ("PATCH", STATUS)]
+    assert harness.api.events() == ["BeginMaintenance", "FailedMaintenance"]
+
+
+# -- the fleet ledger ----------------------------------------------------------------
+
+
+async def test_admission_reads_the_ledger_then_writes_it_before_anything_else(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.record().fetched.confirmed = True
+    plan, _ = await harness.pass_(BUDGET)
+    assert plan.reads == (Read(ReadKind.LEDGER),)
+    assert harness.api.requests() == [("GET", LEDGER)]
+    harness.api.mark()
+    harness.record().fetched.confirmed = True
+    plan, _ = await harness.pass_(BUDGET)
+    assert plan.ledger is not None and plan.ledger.admitted == "nm-1"
+    sent = harness.api.requests()
+    assert sent[0] == ("POST", api_path("coordination.k8s.io/v1", "leases", namespace="nmo"))
+    assert sent[1:4] == [("PATCH", NM), ("GET", LEASE), ("POST", LEASES)]
+
+
+async def test_a_ledger_conflict_ends_the_pass_before_the_cr_is_touched(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.api.objects[LEDGER] = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEDGER_NAME, "namespace": "nmo", "resourceVersion": "7"},
+        "spec": {},
+    }
+    await harness.pass_(BUDGET)  # reads the ledger
+    harness.api.fail[("PUT", LEDGER)] = 409
+    harness.api.mark()
+    harness.record().fetched.confirmed = True
+    with pytest.raises(Conflict):
+        await harness.pass_(BUDGET)
+    assert harness.api.requests() == [("PUT", LEDGER)], "nothing after a lost compare-and-swap"
+    harness.api.mark()
+    plan, _ = await harness.pass_(BUDGET)
+    assert plan.reads == (Read(ReadKind.LEDGER),), "the next pass reads the ledger again"
+
+
+# -- leaving -------------------------------------------------------------------------
+
+
+async def test_leaving_restores_the_node_then_releases_the_lease_then_the_finalizer(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(finalizers=[c.FINALIZER], deleting=True), TAKEN)
+    harness.api.objects[LEASE] = builders.lease(
+        c.LEASE_HOLDER, builders_now(), namespace=LEASE_NS, uid="l", resource_version="3"
+    )
+    plan, _ = await harness.pass_()
+    assert plan.work is Work.FORGET
+    assert harness.api.requests() == [
+        ("PATCH", NODE),
+        ("GET", LEASE),
+        ("DELETE", LEASE),
+        ("PATCH", NM),
+    ]
+    assert harness.api.events() == ["UncordonNode", "RemovedMaintenance"]
+    assert harness.memories.get("uid-nm-1") is None, "the record is forgotten"
+
+
+async def test_a_restore_that_meets_a_changed_node_keeps_lease_and_finalizer(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(finalizers=[c.FINALIZER], deleting=True), TAKEN)
+    harness.api.fail[("PATCH", NODE)] = 409
+    with pytest.raises(Conflict):
+        await harness.pass_()
+    assert harness.api.requests() == [("PATCH", NODE)], "lease and finalizer stay for the retry"
+    assert harness.api.events() == []
+
+
+async def test_a_lease_failure_past_the_limit_restores_releases_then_fails(
+    harness: Harness,
+) -> None:
+    running = fresh_cr(
+        finalizers=[c.FINALIZER],
+        status={"phase": "Running", "evictionPods": 1, "totalpods": 1, "errorOnLeaseCount": 3},
+    )
+    harness.put(running, TAKEN)
+    harness.record().lease_failure = LeaseFailure("injected 500", foreign=False)
+    plan, _ = await harness.pass_()
+    assert plan.work is Work.STOP
+    assert harness.api.requests() == [("PATCH", NODE), ("GET", LEASE), ("PATCH", STATUS)]
+    assert harness.api.events() == ["UncordonNode", "FailedMaintenance"]
+
+
+def builders_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
