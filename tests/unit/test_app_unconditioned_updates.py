@@ -22,7 +22,7 @@ import builders
 from nmo.api.constants import WEBHOOK_PATH, Messages
 from nmo.server.app import create_webhook_app, decide
 from nmo.telemetry.metrics import Metrics
-from nmo.webhooks.admission import parse_review
+from nmo.webhooks.review import parse_review
 from nmo.webhooks.validators import Decision
 
 Obj = dict[str, Any]

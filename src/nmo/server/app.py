@@ -62,7 +62,7 @@ from nmo.server.listener import source_of
 from nmo.server.metricsauth import AuthRejected, MetricsAuth
 from nmo.server.probes import Probes, probes_router
 from nmo.telemetry.metrics import Metrics
-from nmo.webhooks.admission import (
+from nmo.webhooks.review import (
     AdmissionRequest,
     AdmissionReview,
     MalformedReview,
