@@ -18,8 +18,8 @@ from nmo.kube.client import Kube, parse_warning
 from nmo.kube.errors import Forbidden
 from nmo.server.app import create_webhook_app
 from nmo.telemetry.metrics import Metrics
-from nmo.webhooks.review import review_response
 from nmo.webhooks.lookups import MAX_PDB_NAMESPACES, ClusterLookups, LookupSettings
+from nmo.webhooks.review import review_response
 from nmo.webhooks.validators import (
     POD_DELETION_WARNING,
     Decision,
