@@ -4,7 +4,9 @@ Why this module exists: it is the one place that wires the operator
 together. It sets up logging and the temporary directory, turns the flags
 into settings (:mod:`nmo.cli.settings`), connects to the API, creates the
 metrics registry, the engine and the HTTP servers, and hands them to the
-process supervisor; nothing below it builds any of these (no global state).
+process's :class:`~nmo.controller.manager.Manager`, which starts them in
+phases, handles the signals and stops them in reverse; nothing below it
+builds any of these (no global state).
 
 Exit codes: 0 a clean stop (SIGTERM/SIGINT), 1 a failure (no API, a task
 that crashed, a port taken), 2 a usage error found before connecting.
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 
 from nmo import __version__
 from nmo.cli import goflags
@@ -23,10 +24,11 @@ from nmo.cli.defaults import temporary_directory
 from nmo.cli.flags import run_error
 from nmo.cli.settings import settings_from
 from nmo.controller.engine import Engine
+from nmo.controller.manager import Manager
 from nmo.kube.client import Kube
 from nmo.kube.errors import KubeconfigError
 from nmo.server.probes import CheckFailed
-from nmo.server.servers import ServerSettings, serve
+from nmo.server.servers import Servers, ServerSettings, build_servers
 from nmo.telemetry import logsetup
 from nmo.telemetry.metrics import Metrics
 
@@ -100,61 +102,17 @@ async def run(args: argparse.Namespace) -> int:
         )
     else:
         log.info("leader election off (--leader-elect turns it on): this process reconciles")
-    stop, hurry, draining = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        (hurry if stop.is_set() else stop).set()  # a second signal ends the delay
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    # The servers register their cache handlers before the informers start.
-    servers = asyncio.create_task(
-        _servers(settings.servers, kube, engine, metrics, draining), name="servers"
-    )
-    tasks = [servers]
-    await asyncio.sleep(0)
-    tasks.append(asyncio.create_task(engine.run(), name="engine"))
-    stopper = asyncio.create_task(stop.wait(), name="signal")
-    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    for task in done:
-        if task is not stopper and task.exception() is not None:
-            log.error("task %s failed: %r", task.get_name(), task.exception())
-            code = 1
-    log.info("nmo shutting down")
-    draining.set()
-    delay = settings.servers.shutdown_delay_seconds
-    deadline = loop.time() + delay
-    await engine.shutdown()  # the lease is released at once: a standby leads
-    if code == 0 and delay > 0 and not servers.done():
-        log.info(
-            "still answering for %gs (--shutdown-delay-seconds) while the Service drops "
-            "this pod; readiness fails and each connection closes after its response",
-            delay,
-        )
-        hurried = asyncio.create_task(hurry.wait(), name="second-signal")
-        await asyncio.wait(
-            [servers, hurried],
-            timeout=max(deadline - loop.time(), 0.0),
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        hurried.cancel()
-    for task in [*tasks, stopper]:
-        task.cancel()
-    await asyncio.gather(*tasks, stopper, return_exceptions=True)
+    manager = Manager(engine, shutdown_delay=settings.servers.shutdown_delay_seconds, logger=log)
+    # Built before anything runs: the servers' cache handlers are registered
+    # before the informers start (the manager starts them after the servers).
+    manager.add_server("servers", _servers(settings.servers, kube, engine, metrics))
+    code = await manager.run()
     await kube.close()
     return code
 
 
-async def _servers(
-    settings: ServerSettings,
-    kube: Kube,
-    engine: Engine,
-    metrics: Metrics,
-    draining: asyncio.Event,
-) -> None:
-    """The FastAPI side (webhook, probes, metrics) in this event loop."""
+def _servers(settings: ServerSettings, kube: Kube, engine: Engine, metrics: Metrics) -> Servers:
+    """The FastAPI side (webhook, probes, metrics), answering from the engine's caches."""
 
     def caches() -> None:
         if not engine.synced():
@@ -168,7 +126,7 @@ async def _servers(
         if engine.elector.is_leader != engine.leading:
             raise CheckFailed("leader election state and reconcile workers disagree")
 
-    await serve(
+    return build_servers(
         settings,
         kube=kube,
         nodes=engine.nodes,
@@ -176,5 +134,4 @@ async def _servers(
         metrics=metrics,
         readiness={"informers": caches, "leader-election": leadership},
         leading=lambda: engine.leading,
-        draining=draining,
     )

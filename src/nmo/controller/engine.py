@@ -10,9 +10,12 @@ by a PDB is retried the moment the PDB allows a disruption.
 
 What runs where is declared in :meth:`Engine.runnables`: the caches the
 webhook answers from run on every replica; the workers, the resync and the
-PDB watch run only on the leader. Every background task is named; a crash
-of one ends the process (the task group), except the per-node pod watches,
-which are restarted by the next pass of their CR.
+PDB watch run only on the leader. The manager
+(:class:`nmo.controller.manager.Manager`) starts them in phases and stops
+them in reverse; :meth:`Engine.leadership` is what leading means, entered
+once elected. Every background task is named; a crash of one ends the
+process, except the per-node pod watches, which are restarted by the next
+pass of their CR.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +36,7 @@ from nmo.controller.evictor import Evictor
 from nmo.controller.leader import LeaderElector, LeaderSettings
 from nmo.controller.leaseholder import LeaseClient
 from nmo.controller.ledger import FleetLedger
+from nmo.controller.manager import Group, Runnable
 from nmo.controller.memory import Memories, Memory
 from nmo.controller.notifier import Notifier, NotifySettings
 from nmo.controller.quorumguard import QuorumGuard
@@ -81,15 +85,6 @@ class EngineSettings:
     notify: NotifySettings | None = None  # --notify-url; None: no notifications
 
 
-@dataclass(frozen=True)
-class Runnable:
-    """A named background task, and whether only the leader runs it."""
-
-    name: str
-    run: Callable[[], Coroutine[Any, Any, None]]
-    leader_only: bool
-
-
 def _intent(obj: Obj) -> tuple[Any, ...]:
     """What a reconcile reacts to on a NodeMaintenance: all but the status."""
     meta = obj.get("metadata") or {}
@@ -136,7 +131,6 @@ class Engine:
             transform=slim.pdb,
         )
         self.queue = WorkQueue()
-        self._leadership: asyncio.Task[None] | None = None  # the election, or the work
         self.memories = Memories()
         self.leases = LeaseClient(kube, settings.lease_namespace)
         self.renewers = LeaseRenewers(
@@ -210,17 +204,20 @@ class Engine:
 
     # -- what runs where ---------------------------------------------------
     def runnables(self) -> list[Runnable]:
+        leader = Group.LEADER
         return [
-            Runnable("informer:nodemaintenances", self.maintenances.run, leader_only=False),
-            Runnable("informer:nodes", self.nodes.run, leader_only=False),
-            Runnable("informer:poddisruptionbudgets", self.pdbs.run, leader_only=True),
-            Runnable("resync", self._resync, leader_only=True),
             *(
-                Runnable(f"reconcile-worker:{i}", self._worker, leader_only=True)
+                Runnable(f"informer:{i.name}", i.run, Group.CACHES, synced=i.synced)
+                for i in self.informers
+            ),
+            Runnable("informer:poddisruptionbudgets", self.pdbs.run, leader),
+            Runnable("resync", self._resync, leader),
+            *(
+                Runnable(f"reconcile-worker:{i}", self._worker, leader)
                 for i in range(self.settings.max_concurrent_reconciles)
             ),
             *(
-                [Runnable("notifier", self.notifier.run, leader_only=True)]
+                [Runnable("notifier", self.notifier.run, leader)]
                 if self.notifier is not None
                 else []
             ),
@@ -337,23 +334,14 @@ class Engine:
         )
         self._wake(record.name)
 
-    # -- running -----------------------------------------------------------
-    async def run(self) -> None:
-        """Run until cancelled; a cache or worker crash ends the process."""
-        everywhere = [r for r in self.runnables() if not r.leader_only]
-        async with asyncio.TaskGroup() as group:
-            for runnable in everywhere:
-                group.create_task(runnable.run(), name=runnable.name)
-            for informer in self.informers:
-                await informer.synced.wait()
-            log.info("caches synced: maintenances, nodes")
-            if self.elector is not None:
-                work = self.elector.run(self._lead)
-                self._leadership = group.create_task(work, name="leader-election")
-            else:
-                self._leadership = group.create_task(self._lead(), name="leader-work")
+    # -- running (the manager's hooks, see nmo.controller.manager) ----------
+    def caches_synced(self) -> None:
+        log.info("caches synced: maintenances, nodes")
 
-    async def _lead(self) -> None:
+    @contextlib.asynccontextmanager
+    async def leadership(self) -> AsyncIterator[None]:
+        """Leading, around the leader group: the workers take every CR in
+        the cache; on the way out every record's tasks stop."""
         self.metrics.is_leader.set(1)
         if self.elector is not None:
             self.metrics.leader(self.settings.leader_election_id, leading=True)
@@ -381,10 +369,7 @@ class Engine:
             self.settings.max_parallel_evictions,
         )
         try:
-            async with asyncio.TaskGroup() as group:
-                for runnable in self.runnables():
-                    if runnable.leader_only:
-                        group.create_task(runnable.run(), name=runnable.name)
+            yield
         finally:
             self.leading = False
             self.metrics.is_leader.set(0)
@@ -461,16 +446,12 @@ class Engine:
                     node=(obj.get("spec") or {}).get("nodeName", ""),
                 ).set(max(0.0, (now - since).total_seconds()))
 
-    async def shutdown(self) -> None:
-        """Stop leading (workers, election) and give the lease up; the
-        informers run on until the caller cancels :meth:`run`, so the webhook
-        keeps answering from them while the process drains."""
+    async def quiesce(self) -> None:
+        """At shutdown: the queue hands out no more keys (its timers dropped)."""
         await self.queue.shutdown()
-        leadership, self._leadership = self._leadership, None
-        if leadership is not None and not leadership.done():
-            leadership.cancel()  # no renewal can take the lease back after release
-            await asyncio.gather(leadership, return_exceptions=True)
+
+    def forget(self) -> None:
+        """At shutdown, once the leader group ended: every record's tasks stop.
+        The informers run on until the manager stops them, so the webhook
+        keeps answering from them while the process drains."""
         self.memories.forget_all()
-        if self.elector is not None:
-            with contextlib.suppress(Exception):
-                await self.elector.release()

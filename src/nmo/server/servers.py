@@ -19,8 +19,10 @@ main; here each server is a task in the one asyncio loop:
 * the API requests untrusted callers can cause (webhook lookups, metrics
   TokenReviews) go through budgets of their own, shared out per caller
   (:class:`~nmo.kube.allowance.Shares`), proven callers apart;
-* uvicorn's signal handlers are disabled: the CLI owns SIGTERM/SIGINT and
-  stops the servers by cancelling :func:`serve`;
+* uvicorn's signal handlers are disabled: the process's manager
+  (:mod:`nmo.controller.manager`) owns SIGTERM/SIGINT; it starts the servers
+  before anything else and stops them last (:meth:`Servers.start`,
+  :meth:`Servers.wait`, :meth:`Servers.stop`);
 * a shutdown first *drains* (:meth:`Servers.drain`): the servers keep
   answering, ``/readyz`` fails its ``shutdown`` check, and every response
   carries ``Connection: close``. The kube-apiserver pools its webhook
@@ -487,6 +489,48 @@ def caches_synced(*caches: ObjectCache) -> Check:
     return check
 
 
+def build_servers(
+    settings: ServerSettings,
+    *,
+    kube: KubeClient,
+    nodes: ObjectCache,
+    maintenances: ObjectCache,
+    metrics: Metrics,
+    readiness: Mapping[str, Check] | None = None,
+    liveness: Mapping[str, Check] | None = None,
+    leading: Leading | None = None,
+    lookup_settings: LookupSettings | None = None,
+    draining: asyncio.Event | None = None,
+) -> Servers:
+    """The webhook, probes and metrics servers of the operator, not started.
+
+    ``nodes`` and ``maintenances`` are the operator's informers for all Nodes
+    and all NodeMaintenances (see :func:`nmo.webhooks.lookups.build_lookups`,
+    whose handlers are registered here: call this before the informers run);
+    ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``;
+    ``leading`` (whether this replica runs the maintenance workers) answers
+    ``/leaderz``; setting ``draining`` starts the drain of a shutdown (see
+    :meth:`Servers.drain`).
+    """
+    # Budgets of their own (a share of the operator's client, issue 14 item 7),
+    # made by the lookups and the metrics authentication from the client, each
+    # split between proven callers and the rest (issue 20): webhook lookups and
+    # metrics authentication cannot starve each other, nor forgers either.
+    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
+    ready = dict(readiness or {})
+    if settings.require_webhook_for_ready and settings.webhook_port is not None:
+        ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
+    probes = Probes(healthz=liveness, readyz=ready, leading=leading)
+    return Servers(
+        settings,
+        kube=kube,
+        lookups=lookups,
+        metrics=metrics,
+        probes=probes,
+        draining=draining,
+    )
+
+
 async def serve(
     settings: ServerSettings,
     *,
@@ -500,30 +544,20 @@ async def serve(
     lookup_settings: LookupSettings | None = None,
     draining: asyncio.Event | None = None,
 ) -> None:
-    """Run the webhook, probes and metrics servers until cancelled.
+    """Run :func:`build_servers`' servers until cancelled (its arguments).
 
-    ``nodes`` and ``maintenances`` are the operator's informers for all Nodes
-    and all NodeMaintenances (see :func:`nmo.webhooks.lookups.build_lookups`);
-    ``readiness``/``liveness`` add named checks to ``/readyz``/``/healthz``;
-    ``leading`` (whether this replica runs the maintenance workers) answers
-    ``/leaderz``; setting ``draining`` starts the drain of a shutdown (see
-    :meth:`Servers.drain`). Raises when a server cannot start or stops on its own.
+    Raises when a server cannot start or stops on its own.
     """
-    # Budgets of their own (a share of the operator's client, issue 14 item 7),
-    # made by the lookups and the metrics authentication from the client, each
-    # split between proven callers and the rest (issue 20): webhook lookups and
-    # metrics authentication cannot starve each other, nor forgers either.
-    lookups = build_lookups(kube, nodes=nodes, maintenances=maintenances, settings=lookup_settings)
-    ready = dict(readiness or {})
-    if settings.require_webhook_for_ready and settings.webhook_port is not None:
-        ready.setdefault("webhook-caches", caches_synced(nodes, maintenances))
-    probes = Probes(healthz=liveness, readyz=ready, leading=leading)
-    servers = Servers(
+    servers = build_servers(
         settings,
         kube=kube,
-        lookups=lookups,
+        nodes=nodes,
+        maintenances=maintenances,
         metrics=metrics,
-        probes=probes,
+        readiness=readiness,
+        liveness=liveness,
+        leading=leading,
+        lookup_settings=lookup_settings,
         draining=draining,
     )
     await servers.start()
