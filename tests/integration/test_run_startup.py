@@ -1,7 +1,7 @@
 """How ``nmo run`` starts, as the Go NMO's Deployment and a new user start it
 (issue 11 items 1 and 2), and how it stops.
 
-* ``/manager`` (``python -m nmo.cli.manager``, what the image installs as
+* ``/manager`` (``python -m nmo.cli.gomanager``, what the image installs as
   ``/manager``) with the Go CSV's exact arguments and environment leads
   through the Lease in ``$OPERATOR_NAMESPACE``, reconciles a CR, and answers
   its probes on ``:8081`` (every interface), its TLS metrics on ``:8443``
@@ -170,7 +170,7 @@ async def test_the_go_csv_args_through_manager_lead_reconcile_and_answer_on_thei
     certs = tmpdir / "k8s-webhook-server" / "serving-certs"  # the kustomize Secret's mount
     sandbox.issue_serving_cert(certs, ["127.0.0.1"], name="tls")
     p = launch(
-        [sys.executable, "-m", "nmo.cli.manager", *GO_CSV_ARGS],
+        [sys.executable, "-m", "nmo.cli.gomanager", *GO_CSV_ARGS],
         OPERATOR_NAMESPACE=namespace,  # the Go Deployment: fieldRef metadata.namespace
         TMPDIR=str(tmpdir),
     )
@@ -214,7 +214,7 @@ async def test_the_kube_rbac_proxy_layout_serves_plain_metrics_on_loopback(
     probes, metrics = free_port(), free_port()
     p = launch(
         [
-            sys.executable, "-m", "nmo.cli.manager",
+            sys.executable, "-m", "nmo.cli.gomanager",
             f"--health-probe-bind-address=127.0.0.1:{probes}",
             f"--metrics-bind-address=127.0.0.1:{metrics}",
             "-leader-elect=false", "--no-enable-webhook", "--zap-encoder=json",

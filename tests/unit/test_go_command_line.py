@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmo.api import constants as c
-from nmo.cli import build_parser, goflags, main, manager, server_settings, settings_from
+from nmo.cli import build_parser, goflags, gomanager, main, server_settings, settings_from
 from nmo.cli.defaults import leader_election_namespace, webhook_cert_dir
 from nmo.cli.goflags import BindAddress, GoFlagError, ZapOptions, log_choice, normalize
 from nmo.server.servers import bind
@@ -313,10 +313,10 @@ def test_zap_time_encodings_of_json_logs(encoding: str | None, ts: object) -> No
 
 
 def test_manager_is_nmo_run_with_the_go_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert manager.main(["--zap-log-level=verbose"]) == 2  # parsed as nmo run's
+    assert gomanager.main(["--zap-log-level=verbose"]) == 2  # parsed as nmo run's
     assert 'invalid log level "verbose"' in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        manager.main(["--help"])
+        gomanager.main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "--health-probe-bind-address" in out and "--leader-elect" in out
@@ -379,12 +379,12 @@ def test_an_empty_host_listens_on_every_interface() -> None:
 
 def test_the_image_installs_manager_as_nmo_run() -> None:
     """The Go Deployment's ``command: [/manager]``: the image's /manager is the
-    console script of :func:`nmo.cli.manager.main`."""
+    console script of :func:`nmo.cli.gomanager.main`."""
     import tomllib
 
     root = Path(__file__).resolve().parents[2]
     scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["nmo-manager"] == "nmo.cli.manager:main"
+    assert scripts["nmo-manager"] == "nmo.cli.gomanager:main"
     runtime = (root / "Containerfile").read_text().rsplit("\nFROM ", 1)[1]
     assert "COPY --from=build /opt/nmo/bin/nmo-manager /manager" in runtime
 

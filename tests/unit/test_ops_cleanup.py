@@ -360,7 +360,7 @@ def test_plan_shown_as_plain_text(holder: str) -> None:
     """A foreign lease holder is a free string: the plan prints it, never as markup."""
     from rich.console import Console
 
-    from nmo.cli.ops import _show_plan
+    from nmo.cli.toolkit import _show_plan
 
     shown = plan(node(taints=[DRAIN], unschedulable=True), [nm()], lease(holder))
     terminal = Console(width=300, force_terminal=True, color_system="truecolor")

@@ -14,8 +14,8 @@ each:
 * :mod:`nmo.cli.runner`: ``nmo run``, wiring the operator from its settings
   and handing it to the process supervisor
   (:class:`nmo.controller.manager.Manager`);
-* :mod:`nmo.cli.ops`: ``gather``, ``cleanup``, ``status`` and ``plan``;
-* :mod:`nmo.cli.plugin`: ``kubectl nm``; :mod:`nmo.cli.manager`: the Go
+* :mod:`nmo.cli.toolkit`: ``gather``, ``cleanup``, ``status`` and ``plan``;
+* :mod:`nmo.cli.plugin`: ``kubectl nm``; :mod:`nmo.cli.gomanager`: the Go
   NMO's ``/manager`` entry point; :mod:`nmo.cli.goflags` and
   :mod:`nmo.cli.defaults`: the Go NMO's flags and defaults.
 
@@ -77,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return runner.command(args)
     if args.command in ("gather", "cleanup", "status", "plan"):
-        from nmo.cli import ops
+        from nmo.cli import toolkit
 
-        return ops.main(args)
+        return toolkit.main(args)
     return 2
 
 

@@ -4,7 +4,7 @@ Why this module exists: ``nmo --help``, ``nmo version`` and a usage error
 need the parser and nothing else, so it imports only the standard library
 and nmo's light constants (no kr8s, pydantic, FastAPI or uvicorn: issue 21
 item 6, tests/unit/test_cli_startup.py). What the flags mean is read by
-:mod:`nmo.cli.settings` (``nmo run``) and :mod:`nmo.cli.ops` (the
+:mod:`nmo.cli.settings` (``nmo run``) and :mod:`nmo.cli.toolkit` (the
 operations toolkit); ``kubectl nm`` (:mod:`nmo.cli.plugin`) shares
 :func:`add_plan_arguments`.
 
@@ -331,7 +331,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
 
 
 def add_ops_parsers(sub: Subparsers) -> None:
-    """``nmo gather``, ``cleanup``, ``status`` and ``plan`` (:mod:`nmo.cli.ops` runs them)."""
+    """``nmo gather``, ``cleanup``, ``status`` and ``plan`` (:mod:`nmo.cli.toolkit` runs them)."""
     g = sub.add_parser("gather", help="collect a must-gather bundle (directory and .tar.gz)")
     g.add_argument("--dest", default=".", help="where the bundle is written (default: .)")
     g.add_argument("--since", default=None, help="only logs newer than this (e.g. 30m, 2h)")

@@ -4,7 +4,7 @@ kubectl runs any ``kubectl-<name>`` executable on PATH as ``kubectl <name>``,
 passing every argument after the plugin name; installing nmo puts
 ``kubectl-nm`` next to ``nmo``. The subcommands are thin: ``status``,
 ``plan`` and ``cleanup`` are the ``nmo`` commands of the same names
-(:mod:`nmo.cli.ops`), ``start`` creates a NodeMaintenance and ``stop``
+(:mod:`nmo.cli.toolkit`), ``start`` creates a NodeMaintenance and ``stop``
 deletes the node's. kubectl's ``--kubeconfig`` and ``--context`` are taken
 before or after the subcommand (kubectl itself refuses flags placed before
 a plugin's name: ``kubectl nm --context x status``, not ``kubectl --context
@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.command in ("status", "plan", "cleanup"):
-            from nmo.cli import ops
+            from nmo.cli import toolkit
 
             if args.command == "status" and args.name and args.node:
                 print(f"{PROG} status: give NAME or --node, not both", file=sys.stderr)
                 return 2
-            return ops.main(args)
+            return toolkit.main(args)
         if args.command == "start":
             return asyncio.run(start(args))
         if args.command == "stop":
@@ -196,9 +196,9 @@ def _api_error(err: Console, exc: KubeError) -> None:
 
 
 async def _connect(args: argparse.Namespace, err: Console) -> Kube | None:
-    from nmo.cli import ops
+    from nmo.cli import toolkit
 
-    kube = await ops.connect(args, err)
+    kube = await toolkit.connect(args, err)
     if kube is not None:
         kube.on_warning = lambda text: err.print(f"Warning: {text}", soft_wrap=True, markup=False)
     return kube
@@ -217,7 +217,7 @@ def _phase_done(summaries: list[summary.Obj]) -> int | None:
 async def start(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from nmo.cli import ops
+    from nmo.cli import toolkit
     from nmo.kube.client import nm_path
     from nmo.kube.errors import KubeError
     from nmo.ops import summary
@@ -245,7 +245,7 @@ async def start(args: argparse.Namespace) -> int:
             name=name, node=None, lease_namespace=args.lease_namespace, output=args.output
         )
         try:
-            code = await ops.watch_status(kube, watch, err, done=_phase_done)
+            code = await toolkit.watch_status(kube, watch, err, done=_phase_done)
         except (summary.StatusError, KubeError) as exc:
             err.print(f"error: {exc}", markup=False)
             return 1

@@ -14,9 +14,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """``nmo run`` with ``argv`` (default: this process's arguments)."""
-    from nmo.cli import main as nmo_main
+    from nmo import cli
 
-    return nmo_main(["run", *(sys.argv[1:] if argv is None else argv)])
+    return cli.main(["run", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
