@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import builders
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.maintenance import admission, planner, transitions
@@ -482,7 +483,7 @@ def test_a_prior_state_nmo_did_not_record_for_this_cr_is_ignored(forged: str) ->
     else:
         node = node_obj(maintenance=True, prior=replace(claim, maintenance="uid-old"))
     plan = planner.plan(observed(NodeMaintenance.from_api(raw), node=node))
-    after = apply_ops(node, plan.node_patch)
+    after = builders.apply_patch(node, plan.node_patch)
     assert not after["spec"]["unschedulable"]
     assert c.EXCLUDE_FROM_REMEDIATION_LABEL not in after["metadata"]["labels"]
     assert not in_maintenance(after)
@@ -499,26 +500,8 @@ def test_leaving_keeps_a_cordon_that_was_there_before() -> None:
     assert "UncordonNode" not in [e.event[0] for e in plan.events]
     (kept,) = [e for e in plan.events if e.event == c.EVENT_KEPT_CORDONED]
     assert kept.target == "node" and not kept.warning
-    after = apply_ops(node, plan.node_patch)
+    after = builders.apply_patch(node, plan.node_patch)
     assert c.PRIOR_STATE_ANNOTATION not in after["metadata"]["annotations"], "record removed"
-
-
-def apply_ops(doc: Obj, ops: list[Obj] | None) -> Obj:
-    import copy
-
-    doc = copy.deepcopy(doc)
-    for op in ops or []:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[part]
-        if op["op"] == "test":
-            assert parent[parts[-1]] == op["value"]
-        elif op["op"] == "remove":
-            del parent[parts[-1]]
-        else:
-            parent[parts[-1]] = op["value"]
-    return doc
 
 
 def test_a_duplicate_leaves_without_touching_node_or_lease() -> None:
