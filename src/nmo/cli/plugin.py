@@ -22,7 +22,6 @@ command loads the HTTP server (tests/unit/test_cli_startup.py).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -158,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{PROG} status: give NAME or --node, not both", file=sys.stderr)
                 return 2
             return toolkit.main(args)
+        import asyncio
+
         if args.command == "start":
             return asyncio.run(start(args))
         if args.command == "stop":
@@ -300,6 +301,8 @@ async def _maintenances_of(kube: Kube, node: str) -> list[str]:
 
 
 async def _stop(kube: Kube, args: argparse.Namespace, err: Console) -> int:
+    import asyncio
+
     from nmo.kube.client import nm_path, node_path
     from nmo.kube.errors import NotFound
 
