@@ -54,8 +54,8 @@ class Figures:
 
     def row(self, base: Figures) -> str:
         return (
-            f"{self.label:<20} {self.wall:8.3f} s {self.wall / base.wall:7.1f}x"
-            f" {self.rss:9.1f} MiB {self.rss / base.rss:6.1f}x"
+            f"{self.label:<20} {self.wall:8.3f} s {self.wall / base.wall:6.1f}x"
+            f" {self.rss:8.1f} MiB {self.rss / base.rss:6.1f}x"
         )
 
 
@@ -88,7 +88,8 @@ def main(runs: int) -> int:
         return 1
     figures = [measure(command, runs) for command in COMMANDS]
     base = figures[0]
-    print(f"{'command':<20} {'wall (median of ' + str(runs) + ')':>20} {'max RSS':>21}")
+    print(f"median wall time and max RSS of {runs} runs; x: as a multiple of the first row")
+    print(f"{'command':<20} {'wall':>10} {'':>7} {'max RSS':>12}")
     for item in figures:
         print(item.row(base))
     return 0
