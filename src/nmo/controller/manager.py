@@ -24,13 +24,14 @@ after a turn of the event loop:
    :meth:`Controller.leadership`.
 
 Stop, on the first SIGTERM or SIGINT or when a task ends on its own, in
-reverse: the leader group first (the controller takes no more work, then
-the leader lease is released, so a standby leads at once); then, on a clean
-stop with a shutdown delay, the servers *drain* for that long (answering,
-readiness failing, each connection closed after its response) while the
-caches behind them keep running, unless a second signal ends the delay;
-then the caches; the servers last. Whatever ended on its own is logged, and
-the exit code is 1 if anything raised, else 0.
+reverse. The servers begin to *drain* at once (they keep answering, readiness
+fails, each connection closes after its response). The leader group stops
+first (the controller takes no more work, then the leader lease is
+released, so a standby leads at once). On a clean stop the servers go on
+draining, with the caches behind them, until the shutdown delay has passed
+since the stop began or a second signal ends it; then the caches stop, and
+the servers last. Whatever ended on its own is logged, and the exit code is
+1 if anything raised, else 0.
 """
 
 from __future__ import annotations
@@ -65,10 +66,6 @@ class Runnable:
     run: Work
     group: Group
     synced: asyncio.Event | None = None  # a cache's: set once its first LIST is in
-
-    @property
-    def leader_only(self) -> bool:
-        return self.group is Group.LEADER
 
 
 class Server(Protocol):
@@ -161,7 +158,7 @@ class Manager:
     async def run(self) -> int:
         """Run until stopped or until a task ends on its own; the exit code."""
         loop = asyncio.get_running_loop()
-        for sig in self.signals:
+        for sig in self.signals:  # kept until the loop closes: a late signal never kills
             loop.add_signal_handler(sig, self.stop)
         self._starter = self._spawn("startup", self._start())
         await self._wake.wait()
