@@ -60,6 +60,7 @@ def command(args: argparse.Namespace) -> int:
 
 
 async def run(args: argparse.Namespace) -> int:
+    """Check, connect, build, then :meth:`Manager.run <nmo.controller.manager.Manager.run>`."""
     for name, value in (
         ("--max-concurrent-reconciles", args.max_concurrent_reconciles),
         ("--max-parallel-evictions", args.max_parallel_evictions),

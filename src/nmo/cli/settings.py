@@ -2,9 +2,10 @@
 
 Why this module exists: the flags (:mod:`nmo.cli.flags`) say what the user
 typed; the settings say what each part of the operator is to do (the engine,
-its plan and fleet budget, the notifications, the servers). Every check
-that needs more than argparse is here and raises ValueError with the
-sentence ``nmo run`` logs before it exits 2, before anything connects.
+its plan and fleet budget, the notifications, the servers). A value that
+is wrong raises ValueError with the sentence ``nmo run`` logs before it
+exits 2, before anything connects (:func:`nmo.cli.runner.run` checks the
+counts first).
 Nothing here does I/O but read the environment and the service account's
 namespace file (:mod:`nmo.cli.defaults`).
 """
