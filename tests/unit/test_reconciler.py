@@ -398,3 +398,51 @@ def builders_now() -> Any:
     from datetime import UTC, datetime
 
     return datetime.now(UTC)
+
+
+# -- the reconcile: rounds while a plan reads ---------------------------------------
+
+
+async def test_one_reconcile_reads_the_missing_node_then_fails_the_cr(harness: Harness) -> None:
+    harness.put(fresh_cr())
+    result = await harness.reconciler.reconcile("nm-1")
+    assert result.terminal, "one reconcile, as the Go NMO's: no requeue for a read"
+    assert harness.api.requests() == [("GET", NODE), ("PATCH", NM), ("PATCH", STATUS)]
+    assert harness.api.objects[NM]["status"]["lastError"] == 'nodes "n1" not found'
+
+
+async def test_one_reconcile_confirms_the_cr_then_takes_lease_and_node(harness: Harness) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    await harness.reconciler.reconcile("nm-1")
+    sent = harness.api.requests()
+    assert sent[:5] == [
+        ("GET", NM),
+        ("PATCH", NM),
+        ("GET", LEASE),
+        ("POST", LEASES),
+        ("PATCH", NODE),
+    ]
+
+
+async def test_an_api_error_is_in_last_error_when_the_reconcile_fails(harness: Harness) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.api.fail[("PATCH", NODE)] = 403
+    with pytest.raises(KubeError, match="injected 403"):
+        await harness.reconciler.reconcile("nm-1")
+    assert harness.api.requests()[-2:] == [("PATCH", NODE), ("PATCH", STATUS)]
+    assert harness.api.objects[NM]["status"]["lastError"] == "injected 403"
+    harness.api.mark()
+    with pytest.raises(KubeError, match="injected 403"):
+        await harness.reconciler.reconcile("nm-1")
+    assert ("PATCH", STATUS) not in harness.api.requests(), "said once per heartbeat"
+
+
+async def test_a_status_that_cannot_be_written_leaves_the_error_in_the_log(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.api.fail[("PATCH", NODE)] = 403
+    harness.api.fail[("PATCH", STATUS)] = 403
+    with pytest.raises(KubeError, match="injected 403"):
+        await harness.reconciler.reconcile("nm-1")
+    assert "could not record the error in its status" in caplog.text

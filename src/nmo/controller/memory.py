@@ -55,7 +55,8 @@ class DeletionRefused:
 
 @dataclass
 class Fetched:
-    """Answers of the reads the last pass asked for, taken once by the next one."""
+    """Answers of the reads a plan asked for: good for the rest of one reconcile
+    (its next rounds), read afresh by the next reconcile."""
 
     node: Obj | None = None  # the node read live (None: not read, or found absent)
     node_read: bool = False  # the node was read live (absent if ``node`` is None)
@@ -84,14 +85,14 @@ class Memory:
     forgotten: bool = False  # set once, by Memories.forget: start nothing more
     deletion_refused: DeletionRefused | None = None  # onTimeout Delete refused (403)
     force_after: dict[str, float] = field(default_factory=dict)  # pod key -> loop time
-    fetched: Fetched = field(default_factory=Fetched)  # read for the next pass
+    fetched: Fetched = field(default_factory=Fetched)  # read for this reconcile's next rounds
     lease_failure: LeaseFailure | None = None  # the last pass's lease request failed
     api_error: str | None = None  # the last pass ended on this API error
 
-    def take(self) -> tuple[Fetched, LeaseFailure | None, str | None]:
-        """What the executor left for this pass, handed over once."""
-        out = (self.fetched, self.lease_failure, self.api_error)
-        self.fetched, self.lease_failure, self.api_error = Fetched(), None, None
+    def take_failures(self) -> tuple[LeaseFailure | None, str | None]:
+        """The failures the executor recorded for the next pass, handed over once."""
+        out = (self.lease_failure, self.api_error)
+        self.lease_failure, self.api_error = None, None
         return out
 
     @property

@@ -8,12 +8,12 @@ Level-based, and every pass has the same three parts:
 * :func:`nmo.core.maintenance.planner.plan` (pure) decides everything,
   failure branches included, and returns a :class:`Plan`.
 * :meth:`Reconciler.apply` carries the plan out in a fixed order and
-  decides nothing. A plan with reads only reads (the answers go into the
-  record, and the pass comes back at once). When a write fails the pass
-  ends: a 409 (or a node that changed since it was read) is repeated on
-  fresh state at once; a failed lease request, or any other API error, is
-  recorded in the record and the next pass plans from it (the lease rules,
-  lastError).
+  decides nothing. A plan with reads only reads: the answers go into the
+  record, and the reconcile plans again on them (:meth:`Reconciler.reconcile`
+  runs rounds). When a write fails the pass ends: a 409 (or a node that
+  changed since it was read) is repeated on fresh state at once; a failed
+  lease request, or any other API error, is recorded in the record and the
+  next round plans from it (the lease rules, lastError).
 
 The order is fixed here. Entering: the fleet ledger (the admission), the
 CR's metadata (finalizer), the lease, the node (label, taints, cordon);
@@ -43,7 +43,7 @@ from nmo.api.models import NodeMaintenance
 from nmo.controller.evictor import Evictor
 from nmo.controller.leaseholder import LeaseClient, LeaseHeldError
 from nmo.controller.ledger import FleetLedger
-from nmo.controller.memory import Memories, Memory
+from nmo.controller.memory import Fetched, Memories, Memory
 from nmo.controller.notifier import Notifier
 from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.recorder import EventRecorder
@@ -71,6 +71,8 @@ from nmo.telemetry.metrics import Metrics
 
 # How long a leave waits for a renewal PUT in flight before releasing the lease.
 RENEWAL_SETTLE_SECONDS = 10.0
+# Rounds of one reconcile while plans read (node, owners, ledger, quorum, the CR).
+MAX_ROUNDS = 8
 
 log = logging.getLogger("nmo.maintenance")
 
@@ -118,7 +120,15 @@ class Reconciler:
 
     # -- the pass ----------------------------------------------------------
     async def reconcile(self, name: str) -> Result:
-        """One pass: observe, plan, apply."""
+        """One pass: observe, plan, apply, in rounds while a plan only reads.
+
+        A round whose plan reads (or whose lease request failed) is followed
+        at once by another on the answers, within this reconcile, as the Go
+        NMO's reconcile reads what it needs; answers are read afresh by the
+        next reconcile. A failed request ends the pass: a 409 is repeated on
+        fresh state by the queue, any other error is written to lastError by
+        one more round (the planner's report) and retried with backoff.
+        """
         ports = self.ports
         raw = ports.maintenances.get(name)
         if raw is None:
@@ -126,21 +136,50 @@ class Reconciler:
             return DONE
         nm = NodeMaintenance.from_api(raw)
         record = ports.memories.recall(nm.metadata.uid, name, nm.spec.node_name)
-        observed = self.observe(nm, record)
-        plan = planner.plan(observed, self.settings)
-        try:
-            return await self.apply(raw, observed, plan, record)
-        except Conflict:
-            raise  # stale view: repeated on fresh state at once, not an error
-        except KubeError as exc:
-            if not plan.api_error_reported:  # the next pass writes it to lastError
+        record.fetched = Fetched()
+        for _ in range(MAX_ROUNDS):
+            raw = ports.maintenances.get(name)
+            if raw is None or record.forgotten:
+                return DONE
+            observed = self.observe(NodeMaintenance.from_api(raw), record)
+            plan = planner.plan(observed, self.settings)
+            try:
+                result = await self.apply(raw, observed, plan, record)
+            except Conflict:
+                raise  # stale view: repeated on fresh state at once, not an error
+            except KubeError as exc:
                 record.api_error = str(exc)
-            raise
+                await self._report(name, record)
+                raise
+            if not plan.reads and record.lease_failure is None:
+                return result
+        return Result(requeue_after=0)  # still reading: the queue brings it back
+
+    async def _report(self, name: str, record: Memory) -> None:
+        """The round after a failed request: the planner's report (lastError), if
+        it has one to write; it writes nothing else."""
+        raw = self.ports.maintenances.get(name)
+        if raw is None:
+            return
+        observed = self.observe(NodeMaintenance.from_api(raw), record)
+        plan = planner.plan(observed, self.settings)
+        if not plan.api_error_reported:
+            return  # said already, within the heartbeat
+        try:
+            await self.apply(raw, observed, plan, record)
+        except KubeError as again:
+            log.warning(
+                "maintenance %s: could not record the error in its status: %s",
+                name,
+                again,
+                extra={"maintenance": name, "node": record.node},
+            )
 
     # -- observe: caches and the record only ---------------------------------
     def observe(self, nm: NodeMaintenance, record: Memory) -> Observed:
         ports = self.ports
-        fetched, lease_failure, api_error = record.take()
+        fetched = record.fetched
+        lease_failure, api_error = record.take_failures()
         node_name = nm.spec.node_name
         others = tuple(
             NodeMaintenance.from_api(o)
