@@ -160,3 +160,13 @@ async def test_a_stop_lets_the_renewal_in_flight_finish_before_the_release(
     # counted, though the renewer stopped
     assert metrics.registry.get_sample_value("nmo_lease_renewals_total") == 1
     assert record.renewer is None and not record.lease_held
+
+
+def test_a_cr_created_again_under_its_name_ends_the_old_ones_record() -> None:
+    """Deleted and created again while the watch was down: the re-list shows it
+    MODIFIED, and the first pass over the new uid forgets the old one's work."""
+    memories = Memories()
+    old = memories.recall("uid-old", "nm-1", "n1")
+    new = memories.recall("uid-new", "nm-1", "n1")
+    assert old.forgotten and not new.forgotten
+    assert memories.get("uid-old") is None and memories.get("uid-new") is new

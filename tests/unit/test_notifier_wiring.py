@@ -19,7 +19,7 @@ from nmo.api.models import NodeMaintenance
 from nmo.controller.engine import Engine, EngineSettings
 from nmo.controller.notifier import Notifier, NotifySettings
 from nmo.core.maintenance.notifications import for_pass
-from nmo.core.maintenance.observed import Emit, Observed, Plan, Recall
+from nmo.core.maintenance.observed import Emit, Observed, Plan, Recall, Step
 from nmo.kube.client import Kube
 from nmo.telemetry.metrics import Metrics
 
@@ -87,7 +87,10 @@ async def test_a_pass_queues_and_never_awaits_delivery(
     try:
         begun = (Emit(c.EVENT_BEGIN),)
         first = Plan(
-            events=begun, notifications=for_pass(obs.nm, None, begun, now=NOW, operator="nmo-0")
+            events=begun,
+            notifications=tuple(
+                (Step.END, n) for n in for_pass(obs.nm, None, begun, now=NOW, operator="nmo-0")
+            ),
         )
         await engine.reconciler._finish(raw, obs, first, record)
         await arrived.wait()  # the receiver holds the first delivery
@@ -101,7 +104,8 @@ async def test_a_pass_queues_and_never_awaits_delivery(
             }
         }
         notes = for_pass(obs.nm, blocked["status"], (), now=NOW, operator="nmo-0")
-        await engine.reconciler._finish(blocked, obs, Plan(notifications=notes), record)
+        late = tuple((Step.END, n) for n in notes)
+        await engine.reconciler._finish(blocked, obs, Plan(notifications=late), record)
         assert not release.is_set() and n.pending == 2  # one in flight, one queued
         assert recorder.events == [c.EVENT_BEGIN[0]]
         release.set()

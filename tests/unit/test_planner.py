@@ -1023,9 +1023,14 @@ def test_a_lease_the_last_pass_could_not_take_is_planned_by_the_lease_rules() ->
 def test_the_last_passs_api_error_goes_to_last_error_first() -> None:
     nm = nm_obj(phase=Phase.RUNNING, status={"evictionPods": 1, "totalpods": 1})
     plan = planner.plan(observed(nm, recall=Recall(lease_held=True, api_error=DENIED)))
-    assert plan.api_error_reported and plan.work is Work.KEEP
-    assert plan.status is not None and plan.status.last_error == DENIED
-    assert (plan.metadata, plan.node_patch, plan.evict) == (None, None, ())
+    assert plan.work is Work.KEEP and plan.report is not None
+    assert plan.report == {"lastError": DENIED, "lastUpdate": "2026-12-01T12:00:00Z"}
+    assert (plan.status, plan.metadata, plan.node_patch, plan.evict) == (None, None, None, ())
+    reading = replace(
+        observed(nm, recall=Recall(lease_held=True, api_error=DENIED)),
+        reads=(Read(ReadKind.NODE, "n1"),),
+    )
+    assert planner.plan(reading).report is not None, "a failed read is reported too"
     said = nm_obj(
         phase=Phase.RUNNING,
         status={
@@ -1036,7 +1041,7 @@ def test_the_last_passs_api_error_goes_to_last_error_first() -> None:
         },
     )
     again = planner.plan(observed(said, recall=Recall(lease_held=True, api_error=DENIED)))
-    assert not again.api_error_reported, "said within the heartbeat: the pass goes on"
+    assert again.report is None, "said within the heartbeat: the pass goes on"
 
 
 def test_a_lease_is_taken_only_for_a_cr_a_live_read_confirmed() -> None:
@@ -1065,3 +1070,12 @@ def test_every_event_says_after_which_step_it_is_recorded() -> None:
     leave = planner.plan(observed(nm_obj(deleting=True), node=TAKEN))
     steps = {e.event[0]: e.after for e in leave.events}
     assert steps["UncordonNode"] is Step.NODE and steps["RemovedMaintenance"] is Step.END
+
+
+def test_the_begin_notification_goes_with_the_finalizer_the_rest_at_the_end() -> None:
+    settings = replace(planner.SETTINGS, notify_operator="nmo-0")
+    plan = planner.plan(observed(nm_obj(finalizer=False), node=node_obj(), pods=()), settings)
+    steps = [(step, n.kind.value) for step, n in plan.notifications]
+    assert steps == [(Step.METADATA, "begin"), (Step.END, "succeeded")]
+    quiet = planner.plan(observed(nm_obj(finalizer=False), node=node_obj()), planner.SETTINGS)
+    assert quiet.notifications == (), "no --notify-url: none are made"

@@ -35,7 +35,15 @@ from nmo.controller.renewer import LeaseRenewers
 from nmo.core.maintenance import planner
 from nmo.core.maintenance.admission import BudgetSettings
 from nmo.core.maintenance.nodepatch import PriorState
-from nmo.core.maintenance.observed import LeaseFailure, Plan, Read, ReadKind, Result, Work
+from nmo.core.maintenance.observed import (
+    LeaseFailure,
+    LedgerWrite,
+    Plan,
+    Read,
+    ReadKind,
+    Result,
+    Work,
+)
 from nmo.kube.client import Kube, api_path, nm_path, node_path
 from nmo.kube.errors import Conflict, KubeError
 from nmo.kube.informer import Informer
@@ -74,13 +82,14 @@ class Api:
 
     router: respx.MockRouter
     fail: dict[tuple[str, str], int] = field(default_factory=dict)  # (method, path) -> status
+    fail_once: dict[tuple[str, str], int] = field(default_factory=dict)  # the next one only
     since: int = 0  # requests() and events() read the calls from here on
     objects: dict[str, Obj] = field(default_factory=dict)  # path -> what a GET answers
 
     def answer(self, request: httpx.Request) -> httpx.Response:
         key = (request.method, request.url.path)
-        if key in self.fail:
-            code = self.fail[key]
+        if key in self.fail or key in self.fail_once:
+            code = self.fail.get(key) or self.fail_once.pop(key)
             status = {"kind": "Status", "code": code, "message": f"injected {code}"}
             return httpx.Response(code, json=status)
         path = request.url.path
@@ -106,7 +115,12 @@ class Api:
         if request.method == "POST":
             created = {**body, "metadata": {**body["metadata"], "uid": "u", "resourceVersion": "1"}}
             return httpx.Response(201, json=created)
-        return httpx.Response(200, json=body if request.method == "PUT" else {"metadata": {}})
+        if request.method == "PUT":  # a replace: the next resourceVersion
+            rv = int(body["metadata"].get("resourceVersion") or 0) + 1
+            return httpx.Response(
+                200, json=body | {"metadata": body["metadata"] | {"resourceVersion": str(rv)}}
+            )
+        return httpx.Response(200, json={"metadata": {}})
 
     def mark(self) -> None:
         """Later requests() and events() start here (the next pass's requests)."""
@@ -167,12 +181,14 @@ class Harness:
         record = self.record()
         obs = self.reconciler.observe(NodeMaintenance.from_api(raw), record)
         plan = planner.plan(obs, settings)
+        if not plan.reads:
+            record.planned_failures()
         try:
             return plan, await self.reconciler.apply(raw, obs, plan, record)
         except Conflict:
             raise
         except KubeError as exc:
-            if not plan.api_error_reported:
+            if plan.report is None:
                 record.api_error = str(exc)
             raise
 
@@ -283,9 +299,11 @@ async def test_an_api_error_ends_the_pass_and_the_next_one_writes_last_error_onl
         await harness.pass_()
     assert harness.record().api_error == "injected 403"
     harness.api.mark()
-    plan, result = await harness.pass_()
-    assert plan.api_error_reported and result == Result(requeue_after=0)
+    plan, _ = await harness.pass_()
+    assert plan.report is not None
     assert harness.api.requests() == [("PATCH", STATUS)]
+    patch = json.loads(harness.api.router.calls[-1].request.content)
+    assert patch == {"status": plan.report}, "lastError and lastUpdate only, no resourceVersion"
     written = harness.api.objects[NM]["status"]
     assert written["lastError"] == "injected 403"
 
@@ -446,3 +464,73 @@ async def test_a_status_that_cannot_be_written_leaves_the_error_in_the_log(
     with pytest.raises(KubeError, match="injected 403"):
         await harness.reconciler.reconcile("nm-1")
     assert "could not record the error in its status" in caplog.text
+
+
+async def test_a_node_that_changed_is_read_live_and_patched_again_in_the_same_reconcile(
+    harness: Harness,
+) -> None:
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.api.objects[NODE] = builders.node(uid="node-uid", resource_version="6")
+    harness.api.fail_once[("PATCH", NODE)] = 409
+    await harness.reconciler.reconcile("nm-1")
+    sent = harness.api.requests()
+    at = sent.index(("PATCH", NODE))
+    assert sent[at : at + 3] == [("PATCH", NODE), ("GET", NODE), ("PATCH", NODE)]
+    patch = json.loads(
+        [
+            c
+            for c in harness.api.router.calls
+            if c.request.method == "PATCH" and c.request.url.path == NODE
+        ][-1].request.content
+    )
+    assert {"op": "test", "path": "/metadata/resourceVersion", "value": "6"} in patch
+    assert sent.count(("PATCH", NM)) == 1 and sent.count(("POST", LEASES)) == 1, "not redone"
+
+
+async def test_a_leave_whose_ledger_write_fails_still_lets_the_cr_go(harness: Harness) -> None:
+    harness.put(fresh_cr(finalizers=[c.FINALIZER], deleting=True), TAKEN)
+    harness.api.objects[LEDGER] = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": LEDGER_NAME,
+            "namespace": "nmo",
+            "resourceVersion": "7",
+            "annotations": {
+                "nodemaintenance.medik8s.io/admitted": json.dumps(
+                    {"nm-1": {"uid": "uid-nm-1", "node": "n1"}}
+                )
+            },
+        },
+        "spec": {},
+    }
+    harness.api.fail[("PUT", LEDGER)] = 403
+    harness.reconciler.settings = BUDGET
+    await harness.reconciler.reconcile("nm-1")
+    sent = harness.api.requests()
+    assert sent[-2:] == [("PUT", LEDGER), ("PATCH", NM)], "the finalizer goes all the same"
+
+
+async def test_a_release_is_a_compare_and_swap_on_the_version_it_was_decided_on(
+    harness: Harness,
+) -> None:
+    ledger = harness.reconciler.ports.ledger
+    assert ledger is not None
+    harness.api.objects[LEDGER] = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": LEDGER_NAME, "namespace": "nmo", "resourceVersion": "7"},
+        "spec": {},
+    }
+    await ledger.read()
+    view = ledger.view()
+    assert view is not None and view.version == "7"
+    await ledger.write(LedgerWrite({"a": {"uid": "u-a", "node": "n2"}}, version="7", admitted="a"))
+    held = ledger.view()
+    assert held is not None and held.version == "8", "the write's answer is the view now"
+    harness.api.fail_once[("PUT", LEDGER)] = 409  # what the API server says to "7" now
+    with pytest.raises(Conflict):  # a release decided on "7", before that admission
+        await ledger.write(LedgerWrite({}, version="7", released="nm-1"))
+    puts = [c for c in harness.api.router.calls if c.request.method == "PUT"]
+    assert json.loads(puts[-1].request.content)["metadata"]["resourceVersion"] == "7"
+    assert ledger.view() is None, "a lost swap drops the view: the next pass reads it again"

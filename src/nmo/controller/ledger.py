@@ -117,7 +117,8 @@ class FleetLedger:
                 fresh = fresh and name in self._checked
             elif (cached.get("status") or {}).get("phase") == Phase.FAILED.value:
                 gone.add(name)
-        return Ledger(entries=self._entries, gone=frozenset(gone), fresh=fresh)
+        version = None if self._lease is None else _version(self._lease)
+        return Ledger(entries=self._entries, gone=frozenset(gone), fresh=fresh, version=version)
 
     def fleet(self) -> Fleet:
         """The cluster as the budget sees it: running CRs, the queue, the nodes."""
@@ -179,13 +180,25 @@ class FleetLedger:
             if live is None or live["metadata"].get("uid") != entry.get("uid"):
                 log.info("budget: %s is gone, its slot is free again", name)
                 gone.add(name)
+        if self._lease is not None and lease is not None and _newer(self._lease, lease):
+            return  # a write of ours landed meanwhile: keep the view it left
         self._entries, self._lease = entries, lease
         self._gone, self._checked = frozenset(gone), frozenset(checked)
 
     async def write(self, change: LedgerWrite) -> None:
         """Write the plan's entries with the resourceVersion of the view it was
-        decided on; a conflict drops the view and ends the pass (409)."""
-        lease = self._lease
+        decided on (whatever was written since); a conflict drops the view and
+        ends the pass (409)."""
+        lease = None
+        if change.version is not None:
+            template = self._lease or {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": LEDGER_NAME, "namespace": self.namespace},
+                "spec": {},
+            }
+            meta = {**template["metadata"], "resourceVersion": change.version}
+            lease = {**template, "metadata": meta}
         entries = {k: dict(v) for k, v in change.entries.items()}
         try:
             written = await self._put(entries, lease)
@@ -233,3 +246,16 @@ class FleetLedger:
         meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
         # PUT with the resourceVersion read: the compare-and-swap.
         return await self.kube.request("PUT", self.path, body={**lease, "metadata": meta})
+
+
+def _version(lease: Obj) -> str | None:
+    rv = (lease.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv else None
+
+
+def _newer(held: Obj, read: Obj) -> bool:
+    """Whether the Lease held is newer than the one just read (etcd's numeric RVs)."""
+    try:
+        return int(_version(held) or 0) > int(_version(read) or 0)
+    except ValueError:
+        return False

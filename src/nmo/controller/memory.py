@@ -60,6 +60,7 @@ class Fetched:
 
     node: Obj | None = None  # the node read live (None: not read, or found absent)
     node_read: bool = False  # the node was read live (absent if ``node`` is None)
+    node_changed: bool = False  # a patch found it changed: read it live, not from the cache
     confirmed: bool | None = None  # a live read of the CR: True exists, False gone
     quorum: QuorumFacts | None = None  # the etcd-quorum facts for its node
 
@@ -89,11 +90,9 @@ class Memory:
     lease_failure: LeaseFailure | None = None  # the last pass's lease request failed
     api_error: str | None = None  # the last pass ended on this API error
 
-    def take_failures(self) -> tuple[LeaseFailure | None, str | None]:
-        """The failures the executor recorded for the next pass, handed over once."""
-        out = (self.lease_failure, self.api_error)
+    def planned_failures(self) -> None:
+        """A plan that does not only read has taken the recorded failures into account."""
         self.lease_failure, self.api_error = None, None
-        return out
 
     @property
     def renewing(self) -> bool:
@@ -171,6 +170,9 @@ class Memories:
             self.forget(uid)
             record = None
         if record is None:
+            # A CR deleted and created again under its name while the watch was
+            # down (a re-list shows it MODIFIED): the old one's work ends here.
+            self.forget_name(name)
             record = self._records[uid] = Memory(uid=uid, name=name, node=node)
         return record
 

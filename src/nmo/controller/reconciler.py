@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -73,6 +73,8 @@ from nmo.telemetry.metrics import Metrics
 RENEWAL_SETTLE_SECONDS = 10.0
 # Rounds of one reconcile while plans read (node, owners, ledger, quorum, the CR).
 MAX_ROUNDS = 8
+# When the rounds ran out (a node that keeps changing): the queue's next look.
+STILL_READING = 0.1
 
 log = logging.getLogger("nmo.maintenance")
 
@@ -122,12 +124,13 @@ class Reconciler:
     async def reconcile(self, name: str) -> Result:
         """One pass: observe, plan, apply, in rounds while a plan only reads.
 
-        A round whose plan reads (or whose lease request failed) is followed
-        at once by another on the answers, within this reconcile, as the Go
-        NMO's reconcile reads what it needs; answers are read afresh by the
-        next reconcile. A failed request ends the pass: a 409 is repeated on
-        fresh state by the queue, any other error is written to lastError by
-        one more round (the planner's report) and retried with backoff.
+        A round whose plan reads (or whose lease request failed, or whose node
+        patch found the node changed) is followed at once by another on the
+        answers, within this reconcile, as the Go NMO's reconcile reads what
+        it needs; answers are read afresh by the next reconcile. A failed
+        request ends the pass: a 409 is repeated on fresh state by the queue,
+        any other error is written to lastError by one more round (the
+        planner's report) and retried with backoff.
         """
         ports = self.ports
         raw = ports.maintenances.get(name)
@@ -143,8 +146,13 @@ class Reconciler:
                 return DONE
             observed = self.observe(NodeMaintenance.from_api(raw), record)
             plan = planner.plan(observed, self.settings)
+            if not plan.reads:
+                record.planned_failures()
             try:
                 result = await self.apply(raw, observed, plan, record)
+            except NodeChanged:
+                record.fetched.node_changed, record.fetched.node_read = True, False
+                continue  # the next round reads the node live and plans on it
             except Conflict:
                 raise  # stale view: repeated on fresh state at once, not an error
             except KubeError as exc:
@@ -153,7 +161,7 @@ class Reconciler:
                 raise
             if not plan.reads and record.lease_failure is None:
                 return result
-        return Result(requeue_after=0)  # still reading: the queue brings it back
+        return Result(requeue_after=STILL_READING)  # the queue brings it back
 
     async def _report(self, name: str, record: Memory) -> None:
         """The round after a failed request: the planner's report (lastError), if
@@ -163,8 +171,9 @@ class Reconciler:
             return
         observed = self.observe(NodeMaintenance.from_api(raw), record)
         plan = planner.plan(observed, self.settings)
-        if not plan.api_error_reported:
+        if plan.report is None:
             return  # said already, within the heartbeat
+        record.planned_failures()
         try:
             await self.apply(raw, observed, plan, record)
         except KubeError as again:
@@ -179,7 +188,6 @@ class Reconciler:
     def observe(self, nm: NodeMaintenance, record: Memory) -> Observed:
         ports = self.ports
         fetched = record.fetched
-        lease_failure, api_error = record.take_failures()
         node_name = nm.spec.node_name
         others = tuple(
             NodeMaintenance.from_api(o)
@@ -189,9 +197,9 @@ class Reconciler:
         reads: list[Read] = []
         node: Obj | None = None
         if planner.needs_node(nm):
-            node = ports.nodes.get(node_name)
+            node = None if fetched.node_changed else ports.nodes.get(node_name)
             if node is None and fetched.node_read:
-                node = fetched.node  # read live by the last pass (None: it does not exist)
+                node = fetched.node  # read live by an earlier round (None: it does not exist)
             elif node is None:
                 reads.append(Read(ReadKind.NODE, node_name))
         elif planner.resumable(nm):
@@ -221,8 +229,8 @@ class Reconciler:
                 renewal_error=record.renewal_error,
                 status_written_ago=record.written_ago(),
                 last_written=record.last_written,
-                lease_failure=lease_failure,
-                api_error=api_error,
+                lease_failure=record.lease_failure,
+                api_error=record.api_error,
                 confirmed=fetched.confirmed,
             ),
             now=self.clock(),
@@ -248,6 +256,9 @@ class Reconciler:
 
     # -- apply: the plan, in a fixed order -----------------------------------
     async def apply(self, raw: Obj, obs: Observed, plan: Plan, record: Memory) -> Result:
+        if plan.report is not None:
+            await self._write_report(raw, plan.report)
+            return plan.result
         if plan.reads:
             await self._read(plan.reads, record)
             return plan.result
@@ -278,9 +289,13 @@ class Reconciler:
                 record.fetched.confirmed = exists
                 if live is not None and exists:
                     ports.maintenances.remember(live)
-            elif read.kind is ReadKind.LEDGER and ports.ledger is not None:
+            elif read.kind is ReadKind.LEDGER:
+                if ports.ledger is None:
+                    raise RuntimeError("a plan read the fleet ledger, and nmo runs none")
                 await ports.ledger.read()
-            elif read.kind is ReadKind.QUORUM and ports.quorum is not None:
+            elif read.kind is ReadKind.QUORUM:
+                if ports.quorum is None:
+                    raise RuntimeError("a plan read the etcd-quorum facts, and nmo reads none")
                 record.fetched.quorum = await ports.quorum.read()
 
     async def _daemonset_exists(self, owner: str, record: Memory) -> bool:
@@ -362,7 +377,20 @@ class Reconciler:
         """CR deleted: node restored, lease released, ledger slot freed, finalizer last."""
         await self._undo(raw, obs, plan, record)
         if plan.ledger is not None:
-            await self._write_ledger(plan.ledger)
+            try:
+                await self._write_ledger(plan.ledger)
+            except Conflict:
+                raise  # decided on a stale ledger: the next pass reads it again
+            except KubeError as exc:
+                # Deletion is never held up by the budget: the slot of a CR that
+                # is gone is pruned at the next admission.
+                log.warning(
+                    "maintenance %s: could not free its slot in the fleet budget's ledger "
+                    "(pruned at the next admission): %s",
+                    obs.nm.metadata.name,
+                    exc,
+                    extra=_ctx(obs.nm),
+                )
         if plan.metadata:
             try:
                 raw = await self._patch_metadata(raw, plan.metadata)
@@ -426,12 +454,14 @@ class Reconciler:
             record.stop()
         elif plan.work is Work.FORGET:
             ports.memories.forget(record.uid)
-        if ports.notifier is not None:
-            for notification in plan.notifications:
-                ports.notifier.enqueue(notification)
 
     async def _emit(self, raw: Obj, obs: Observed, plan: Plan, step: Step) -> None:
-        """The plan's events that belong to ``step``, now that it is done."""
+        """The plan's events and notifications that belong to ``step``, now that it
+        is done."""
+        if self.ports.notifier is not None:
+            for after, notification in plan.notifications:
+                if after is step:
+                    self.ports.notifier.enqueue(notification)
         for emit in plan.events:
             if emit.after is not step:
                 continue
@@ -460,7 +490,7 @@ class Reconciler:
         except NotFound:
             if restoring:
                 return  # nothing left to restore
-            raise Conflict(f"node {nm.spec.node_name} is gone") from None
+            raise NodeChanged(f"node {nm.spec.node_name} is gone") from None
         except KubeError as exc:
             if not changed_meanwhile(exc):
                 raise
@@ -470,7 +500,15 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
-            raise Conflict(f"node {nm.spec.node_name} changed meanwhile") from exc
+            raise NodeChanged(f"node {nm.spec.node_name} changed meanwhile") from exc
+
+    async def _write_report(self, raw: Obj, report: Mapping[str, Any]) -> None:
+        """lastError and lastUpdate only, without a resourceVersion: nothing else
+        of the status is touched (Go's onReconcileError)."""
+        out = await self.ports.kube.merge_patch(
+            nm_path(raw["metadata"]["name"], "status"), {"status": dict(report)}
+        )
+        self.ports.maintenances.remember(out)
 
     async def _patch_metadata(self, raw: Obj, metadata: Obj) -> Obj:
         body = {"metadata": {**metadata, "resourceVersion": raw["metadata"]["resourceVersion"]}}
@@ -497,6 +535,10 @@ class Reconciler:
             )
         self.ports.maintenances.remember(out)
         return out
+
+
+class NodeChanged(Conflict):
+    """A node patch found the node changed (or gone) since it was read."""
 
 
 def _ctx(nm: NodeMaintenance) -> dict[str, str]:

@@ -83,6 +83,7 @@ class Ledger:
     entries: Mapping[str, Mapping[str, str]]  # CR name -> {"uid", "node"}
     gone: frozenset[str] = frozenset()  # entries whose CR a live read found gone (or failed)
     fresh: bool = True  # every entry's CR is in the cache or was confirmed by that read
+    version: str | None = None  # the Lease's resourceVersion (None: there is no Lease yet)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class LedgerWrite:
     (a compare-and-swap: a 409 ends the pass, and the next one reads it again)."""
 
     entries: Mapping[str, Mapping[str, str]]
+    version: str | None = None  # the resourceVersion it was decided on (None: create it)
     admitted: str | None = None  # the CR this write admits (for the log)
     released: str | None = None  # the CR whose slot this write frees
 
@@ -189,5 +191,9 @@ class Plan:
     notes: tuple[str, ...] = ()  # log lines (the guide greps some: keep their wording)
     drain_seconds: float | None = None  # the drain just finished after this long
     drain_pending: int | None = None  # pods still pending (for the log)
-    notifications: tuple[Notification, ...] = ()  # for the notifier, once the pass is done
-    api_error_reported: bool = False  # this pass writes the last pass's API error
+    # For the notifier, each once its step is done (a begin notification goes
+    # with the finalizer, as its event does).
+    notifications: tuple[tuple[Step, Notification], ...] = ()
+    # The last round's API error for lastError: a merge patch of lastError and
+    # lastUpdate only, without a resourceVersion (Go's onReconcileError).
+    report: Mapping[str, Any] | None = None

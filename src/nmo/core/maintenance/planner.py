@@ -223,42 +223,61 @@ def resumable(nm: NodeMaintenance) -> bool:
 
 def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
     """Everything one pass does for the CR."""
-    if obs.reads:  # the caches could not answer: read, then plan on the answers
-        return Plan(reads=obs.reads, work=Work.KEEP, result=Result(requeue_after=0))
     if obs.recall.api_error is not None:
-        # The last pass ended on an API error: it goes into lastError first,
+        # The last round ended on an API error: it goes into lastError first,
         # as the Go NMO's onReconcileError writes it (once per heartbeat).
         new = api_error_status(obs.nm, error=obs.recall.api_error, now=obs.now, settings=settings)
         if new is not None:
-            return Plan(
-                status=new, work=Work.KEEP, result=Result(requeue_after=0), api_error_reported=True
-            )
+            body = new.to_api()
+            patch = {"lastError": body["lastError"], "lastUpdate": body["lastUpdate"]}
+            return Plan(work=Work.KEEP, report=patch)
+    if obs.reads:  # the caches could not answer: read, then plan on the answers
+        return _reading(obs.reads)
     if obs.nm.metadata.deletion_timestamp is not None:
         out = plan_leave(obs)
     else:
         out = _heartbeat(obs, _plan_enter(obs, settings), settings)
-    return _notified(obs, _released(obs, out), settings)
+    return _notified(obs, _released(obs, out, settings), settings)
 
 
-def _released(obs: Observed, out: Plan) -> Plan:
-    """A maintenance let go or failed frees its slot in the fleet ledger."""
+def _reading(reads: tuple[Read, ...]) -> Plan:
+    """A round that only reads; the reconcile plans again on the answers."""
+    return Plan(reads=reads, work=Work.KEEP, result=Result(requeue_after=0))
+
+
+def _released(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
+    """A maintenance let go or failed frees its slot in the fleet ledger (read
+    first when this process has not read it yet), and the queue moves."""
     name = obs.nm.metadata.name
     ledger = obs.ledger
     if out.work not in (Work.STOP, Work.FORGET) or out.ledger is not None or out.reads:
         return out
-    if ledger is None or name not in ledger.entries:
-        return out  # not admitted (or the ledger unread: pruned at the next admission)
+    if not settings.budget.enabled:
+        return out
+    if ledger is None:
+        return _reading((Read(ReadKind.LEDGER),))
+    if name not in ledger.entries:
+        return out  # never admitted
     kept = {k: v for k, v in ledger.entries.items() if k != name}
-    return replace(out, ledger=LedgerWrite(kept, released=name))
+    return replace(out, ledger=LedgerWrite(kept, version=ledger.version, released=name))
 
 
 def _notified(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
-    """The notifications of the pass, from the status it leaves (and its events)."""
+    """The notifications of the pass, each with the step after which it goes: the
+    begin notification with the finalizer (as its event), the others at the end,
+    from the status the pass leaves."""
     if settings.notify_operator is None or out.reads:
         return out
+    operator = settings.notify_operator
+    early = tuple(e for e in out.events if e.after is Step.METADATA)
+    late = tuple(e for e in out.events if e.after is not Step.METADATA)
+    before = obs.nm.status.to_api()
     after = (out.status or obs.nm.status).to_api()
-    notes = for_pass(obs.nm, after, out.events, now=obs.now, operator=settings.notify_operator)
-    return replace(out, notifications=notes) if notes else out
+    notes = [
+        (Step.METADATA, n) for n in for_pass(obs.nm, before, early, now=obs.now, operator=operator)
+    ]
+    notes += [(Step.END, n) for n in for_pass(obs.nm, after, late, now=obs.now, operator=operator)]
+    return replace(out, notifications=tuple(notes)) if notes else out
 
 
 LIVE = (Phase.PENDING, Phase.RUNNING)  # phases whose lastUpdate says the operator is alive
@@ -388,8 +407,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         # A lease this process does not hold is only taken for a CR a live read
         # confirms: the cache may be behind a watch gap (the CR and its lease
         # deleted meanwhile), and a lease re-created then would never be released.
-        read = Read(ReadKind.MAINTENANCE, nm.metadata.name)
-        return Plan(reads=(read,), work=Work.KEEP, result=Result(requeue_after=0))
+        return _reading((Read(ReadKind.MAINTENANCE, nm.metadata.name),))
     st = _started(obs, settings)
     if resuming:
         st = transitions.resumed(st)
@@ -559,8 +577,8 @@ def _admit(
         reads.append(Read(ReadKind.QUORUM, nm.spec.node_name))
     if ledger is None or not ledger.fresh or fleet is None:
         reads.append(Read(ReadKind.LEDGER))
-    if reads:  # both in one pass: the quorum facts are only good for the next one
-        return Plan(reads=tuple(reads), work=Work.KEEP, result=Result(requeue_after=0))
+    if reads:  # both in one round
+        return _reading(tuple(reads))
     assert ledger is not None
     assert fleet is not None
     if checks_quorum:
@@ -571,18 +589,19 @@ def _admit(
     name = nm.metadata.name
     entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
     pruned = len(entries) != len(ledger.entries)
+    version = ledger.version
     if name in entries:
         return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
-            LedgerWrite(entries) if pruned else None
+            LedgerWrite(entries, version=version) if pruned else None
         )
     running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
     running.pop(name, None)
     decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
     if decision.admit:
         entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
-        return decision, LedgerWrite(entries, admitted=name)
+        return decision, LedgerWrite(entries, version=version, admitted=name)
     queued = _queued(obs, decision, settings)
-    return replace(queued, ledger=LedgerWrite(entries)) if pruned else queued
+    return replace(queued, ledger=LedgerWrite(entries, version=version)) if pruned else queued
 
 
 def _queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
