@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import respx
 import yaml
-from conftest import KUBECONFIG
 
+from conftest import KUBECONFIG
 from nmo import cli
 from nmo.cli import plugin
 from nmo.kube.client import Kube, check_kubeconfig
