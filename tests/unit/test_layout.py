@@ -83,3 +83,19 @@ def test_the_pure_rules_never_read_the_clock() -> None:
             ):
                 reads.append(f"{_dotted(path)} line {node.lineno}: .{node.func.attr}()")
     assert not reads, reads
+
+
+def test_no_import_cycles() -> None:
+    """No two modules of nmo import each other, directly or around a loop."""
+    import grimp
+
+    graph = grimp.build_graph("nmo", cache_dir=None)
+    looped = sorted(
+        m
+        for m in graph.modules
+        if any(
+            graph.find_shortest_chain(importer=i, imported=m) is not None
+            for i in graph.find_modules_directly_imported_by(m)
+        )
+    )
+    assert not looped, f"modules on an import cycle: {looped}"

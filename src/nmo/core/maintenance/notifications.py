@@ -26,15 +26,24 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance
 from nmo.core.maintenance import transitions
 from nmo.core.maintenance.drainplan import REASON_BLOCKED
-from nmo.core.maintenance.observed import Emit
 
 VERSION = 1
+
+
+class Emitted(Protocol):
+    """An event a pass records (:class:`nmo.core.maintenance.observed.Emit`)."""
+
+    @property
+    def event(self) -> tuple[str, str]: ...  # (reason, message)
+
+    @property
+    def target(self) -> str: ...  # "maintenance" or "node"
 
 
 class Kind(enum.StrEnum):
@@ -108,7 +117,7 @@ def drained(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
 def for_pass(
     nm: NodeMaintenance,
     after: Mapping[str, Any] | None,
-    events: Iterable[Emit],
+    events: Iterable[Emitted],
     *,
     now: datetime,
     operator: str,
