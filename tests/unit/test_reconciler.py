@@ -220,10 +220,9 @@ def harness(api: Api, kube: Kube) -> Iterator[Harness]:
     memories.forget_all()
 
 
-async def settle() -> None:
-    """Let the eviction tasks the pass started send their requests."""
-    for _ in range(20):
-        await asyncio.sleep(0)
+async def settle(record: Memory) -> None:
+    """Let the eviction tasks the pass started send their requests and finish."""
+    await asyncio.gather(*record.evictions, return_exceptions=True)
 
 
 # -- entering ------------------------------------------------------------------------
@@ -241,7 +240,7 @@ async def test_entering_writes_finalizer_then_lease_then_node_then_evicts(
     harness.api.mark()
 
     plan, _ = await harness.pass_()
-    await settle()
+    await settle(harness.record())
     sent = harness.api.requests()
     assert sent[:4] == [("PATCH", NM), ("GET", LEASE), ("POST", LEASES), ("PATCH", NODE)]
     assert set(sent[4:]) == {("POST", EVICT), ("PATCH", STATUS)}
