@@ -19,7 +19,7 @@ import pytest
 import builders
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.maintenance import admission, planner, transitions
+from nmo.core.maintenance import admission, planner, policy, transitions
 from nmo.core.maintenance.admission import BudgetSettings
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
 from nmo.core.maintenance.nodepatch import PriorState, in_maintenance
@@ -251,7 +251,7 @@ def test_matrix(
 
     if drain == "unsynced":
         assert plan.evict == ()
-        assert plan.result.requeue_after == planner.SETTINGS.pods_wait
+        assert plan.result.requeue_after == policy.SETTINGS.pods_wait
         return
     if drain == "only-daemonset":
         assert plan.status is not None and plan.status.phase is Phase.SUCCEEDED
@@ -374,7 +374,7 @@ def test_lease_failure(
         assert "can't update or invalidate the lease" in error or not foreign
         assert plan.node_patch is None and plan.evict == ()
         assert plan.lease is LeaseStep.NONE
-        assert plan.result.requeue_after == planner.SETTINGS.lease_retry
+        assert plan.result.requeue_after == policy.SETTINGS.lease_retry
 
 
 @pytest.mark.parametrize(
@@ -538,7 +538,7 @@ def test_progress_is_written_at_most_once_per_interval(ago: float | None, writes
     assert (plan.status is not None) is writes
     if not writes:
         assert ago is not None and plan.result.requeue_after is not None
-        assert plan.result.requeue_after <= planner.SETTINGS.status_interval - ago + 1e-9
+        assert plan.result.requeue_after <= policy.SETTINGS.status_interval - ago + 1e-9
 
 
 def test_completion_is_never_held_back_by_the_interval() -> None:
@@ -554,7 +554,7 @@ def test_a_status_the_server_pruned_is_not_rewritten_every_pass() -> None:
     first = planner.plan(observed(nm, pods=(pod("a"),)))
     assert first.status is not None
     recall = Recall(
-        lease_held=True, status_written_ago=5.0, last_written=planner.fingerprint(first.status)
+        lease_held=True, status_written_ago=5.0, last_written=policy.fingerprint(first.status)
     )
     again = planner.plan(observed(nm, pods=(pod("a"),), recall=recall))
     assert again.status is None
@@ -606,7 +606,7 @@ def test_lease_failure_before_the_pods_are_known_waits_for_them() -> None:
     obs = observed(nm_obj(), node=node_obj(), pods=None, recall=Recall())
     plan = planner.plan_lease_failure(obs, error="x", foreign=False)
     assert plan.status is None, "no status without the starting figures"
-    assert plan.result.requeue_after == planner.SETTINGS.pods_wait
+    assert plan.result.requeue_after == policy.SETTINGS.pods_wait
 
 
 @pytest.mark.parametrize(
@@ -724,7 +724,7 @@ def test_waiting_for_a_foreign_lease_writes_only_when_something_changes(
         replace(obs, nm=NodeMaintenance.from_api(raw)), error=HELD, foreign=True
     )
     assert (again.status is not None) is writes
-    assert again.result.requeue_after == planner.SETTINGS.lease_retry
+    assert again.result.requeue_after == policy.SETTINGS.lease_retry
 
 
 # -- API failures reach lastError (A2, as the Go NMO's onReconcileError) -------
@@ -884,7 +884,7 @@ def test_the_pass_comes_back_when_a_go_drain_pass_would_end() -> None:
 
 # -- the fleet budget: the ledger read in observe, its write a plan action --------
 
-BUDGET = replace(planner.SETTINGS, budget=BudgetSettings(max_parallel=1))
+BUDGET = replace(policy.SETTINGS, budget=BudgetSettings(max_parallel=1))
 NODES_BY_NAME = {"n1": node_obj(), "n9": node_obj(name="n9")}
 
 
@@ -1073,9 +1073,9 @@ def test_every_event_says_after_which_step_it_is_recorded() -> None:
 
 
 def test_the_begin_notification_goes_with_the_finalizer_the_rest_at_the_end() -> None:
-    settings = replace(planner.SETTINGS, notify_operator="nmo-0")
+    settings = replace(policy.SETTINGS, notify_operator="nmo-0")
     plan = planner.plan(observed(nm_obj(finalizer=False), node=node_obj(), pods=()), settings)
     steps = [(step, n.kind.value) for step, n in plan.notifications]
     assert steps == [(Step.METADATA, "begin"), (Step.END, "succeeded")]
-    quiet = planner.plan(observed(nm_obj(finalizer=False), node=node_obj()), planner.SETTINGS)
+    quiet = planner.plan(observed(nm_obj(finalizer=False), node=node_obj()), policy.SETTINGS)
     assert quiet.notifications == (), "no --notify-url: none are made"

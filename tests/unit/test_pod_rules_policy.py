@@ -14,7 +14,7 @@ from test_planner import pod as plan_pod
 import builders
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, OnTimeout
-from nmo.core.maintenance import planner
+from nmo.core.maintenance import planner, policy
 from nmo.core.maintenance.drainplan import Deadline, deadline_of, plan_drain, timed_out_message
 from nmo.core.maintenance.observed import Recall
 from nmo.core.maintenance.podselect import (
@@ -125,7 +125,7 @@ def test_the_first_pass_says_once_which_rules_it_ignored() -> None:
     running = nm.model_copy(update={"status": first.status})
     again = planner.plan(observed(running, node=node_obj(), pods=(tenant, plan_pod("b"))))
     assert all(e.event[0] != c.EVENT_DRAIN_RULES_IGNORED for e in again.events), "once"
-    allowed = planner.PlanSettings(pod_rules_namespaces=frozenset({"app"}))
+    allowed = policy.PlanSettings(pod_rules_namespaces=frozenset({"app"}))
     honoured = planner.plan(
         observed(nm, node=node_obj(), pods=(tenant, plan_pod("b")), recall=Recall()), allowed
     )

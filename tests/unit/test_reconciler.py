@@ -32,7 +32,7 @@ from nmo.controller.memory import Memories, Memory
 from nmo.controller.reconciler import Ports, Reconciler
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
-from nmo.core.maintenance import planner
+from nmo.core.maintenance import planner, policy
 from nmo.core.maintenance.admission import BudgetSettings
 from nmo.core.maintenance.nodepatch import PriorState
 from nmo.core.maintenance.observed import (
@@ -58,8 +58,8 @@ LEASES = api_path("coordination.k8s.io/v1", "leases", namespace=LEASE_NS)
 LEASE = f"{LEASES}/{c.lease_name('n1')}"
 LEDGER = api_path("coordination.k8s.io/v1", "leases", namespace="nmo", name=LEDGER_NAME)
 EVICT = "/api/v1/namespaces/app/pods/a/eviction"
-SETTINGS = planner.PlanSettings()
-BUDGET = planner.PlanSettings(budget=BudgetSettings(max_parallel=1))
+SETTINGS = policy.PlanSettings()
+BUDGET = policy.PlanSettings(budget=BudgetSettings(max_parallel=1))
 
 
 def fresh_cr(**kw: Any) -> Obj:
@@ -174,7 +174,7 @@ class Harness:
         self.pods.synced.set()
         record.pods = self.pods
 
-    async def pass_(self, settings: planner.PlanSettings = SETTINGS) -> tuple[Plan, Result]:
+    async def pass_(self, settings: policy.PlanSettings = SETTINGS) -> tuple[Plan, Result]:
         """One pass as the engine runs it: the planner's plan, then the executor."""
         self.reconciler.settings = settings
         raw = self.maintenances.store["nm-1"]

@@ -24,7 +24,7 @@ from nmo.cli.defaults import leader_election_namespace, shutdown_delay, webhook_
 from nmo.controller.engine import EngineSettings
 from nmo.controller.notifier import NotifySettings, check_url, shown
 from nmo.core.maintenance.admission import BudgetSettings, parse_max_unavailable, parse_window
-from nmo.core.maintenance.planner import PlanSettings
+from nmo.core.maintenance.policy import PlanSettings
 from nmo.server.servers import ServerSettings
 
 

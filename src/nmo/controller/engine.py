@@ -46,7 +46,7 @@ from nmo.controller.renewer import LeaseRenewers
 from nmo.core.maintenance.admission import BudgetSettings, unavailable
 from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import blocked_by
-from nmo.core.maintenance.planner import PlanSettings
+from nmo.core.maintenance.policy import PlanSettings
 from nmo.kube import slim
 from nmo.kube.access import Access
 from nmo.kube.client import Kube, api_path, node_path

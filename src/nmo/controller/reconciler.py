@@ -48,7 +48,7 @@ from nmo.controller.notifier import Notifier
 from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
-from nmo.core.maintenance import admission, planner, podselect, transitions
+from nmo.core.maintenance import admission, planner, podselect, policy, transitions
 from nmo.core.maintenance.observed import (
     DONE,
     Emit,
@@ -113,11 +113,11 @@ class Reconciler:
     def __init__(
         self,
         ports: Ports,
-        settings: planner.PlanSettings | None = None,
+        settings: policy.PlanSettings | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.ports = ports
-        self.settings = settings or planner.PlanSettings()
+        self.settings = settings or policy.PlanSettings()
         self.clock = clock
 
     # -- the pass ----------------------------------------------------------
@@ -524,7 +524,7 @@ class Reconciler:
             "status": transitions.status_patch(plan.status),
         }
         out = await self.ports.kube.merge_patch(nm_path(raw["metadata"]["name"], "status"), body)
-        record.wrote(planner.fingerprint(plan.status))
+        record.wrote(policy.fingerprint(plan.status))
         if plan.drain_pending:
             log.info(
                 "drain of node %s: %d pods pending, progress %s%%",

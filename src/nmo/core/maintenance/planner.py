@@ -5,11 +5,13 @@ could not answer, the fleet ledger's write, the CR metadata patch, the lease
 step, the status, the node patch, the evictions to start, the events, the
 notifications and the result. The executor applies it and decides nothing:
 when a write fails the pass ends, the failure is recorded in the
-maintenance's record, and the next pass plans from it (a failed lease
+maintenance's record, and the next round plans from it (a failed lease
 request: :func:`plan_lease_failure`, the lease rules of behavior.md A5; an
-API error: :func:`api_error_status`, written to lastError). No I/O, clock
-or event loop is imported here (enforced by import-linter), so every
-decision is tested by tables.
+API error: :func:`api_error_status`, written to lastError). The fleet
+budget's queue is :mod:`nmo.core.maintenance.queueing`; the settings, the
+status-write rule and the heartbeat are :mod:`nmo.core.maintenance.policy`.
+No I/O, clock or event loop is imported here (enforced by import-linter), so
+every decision is tested by tables.
 
 The flow it encodes (behavior.md A2-A5, B4-B9):
 
@@ -32,7 +34,7 @@ The flow it encodes (behavior.md A2-A5, B4-B9):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +47,7 @@ from nmo.api.models import (
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, quorum, transitions
+from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, queueing, transitions
 from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
@@ -62,36 +64,9 @@ from nmo.core.maintenance.observed import (
     Step,
     Work,
 )
+from nmo.core.maintenance.policy import SETTINGS, PlanSettings, heartbeat, reading, status_write
 
 Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class PlanSettings:
-    status_interval: float = 1.0  # at most one progress write per CR per interval
-    resync: float = 60.0  # safety requeue while a drain is in progress
-    lease_retry: float = 5.0  # retry after a failed lease request
-    pods_wait: float = 5.0  # safety requeue while the node's pod watch syncs
-    rewrite_after: float = 60.0  # a pruned status is rewritten at most this often
-    drain_timeout: int = 0  # operator default for spec.drain.timeoutSeconds (0: none)
-    on_timeout: OnTimeout = OnTimeout.REPORT  # operator default for spec.drain.onTimeout
-    queue_recheck: float = 30.0  # a queued CR is looked at again at least this often
-    heartbeat: float = 60.0  # lastUpdate of a Pending or Running CR is never older than this
-    critical_last: bool = False  # --critical-pods-last: critical pods after the others (opt-in)
-    # --pod-drain-rules-namespaces: whose pods' drain label and drain-order are
-    # honoured (none: the Go NMO's behaviour; "*": every namespace).
-    pod_rules_namespaces: frozenset[str] = frozenset()
-    # --max-drain-seconds / --max-drain-action: a cap on every drain that no CR lifts.
-    max_drain_seconds: int = 0
-    max_drain_action: OnTimeout = OnTimeout.REPORT
-    # --max-parallel-maintenances, --max-unavailable, the window: the fleet budget
-    # (disabled by default, as the Go NMO has none).
-    budget: admission.BudgetSettings = field(default_factory=admission.BudgetSettings)
-    # --notify-url: the operator's identity in the notifications (None: none are made).
-    notify_operator: str | None = None
-
-
-SETTINGS = PlanSettings()
 
 
 def rank(nm: NodeMaintenance) -> tuple[int, datetime, str]:
@@ -117,33 +92,6 @@ def older_duplicate(nm: NodeMaintenance, others: tuple[NodeMaintenance, ...]) ->
 def _prior(obs: Observed) -> nodepatch.PriorState | None:
     """The prior state this CR recorded on its node (none: restore as the Go NMO does)."""
     return nodepatch.prior_for(obs.node, obs.nm.metadata.uid)
-
-
-def _status_write(
-    obs: Observed, new: NodeMaintenanceStatus, settings: PlanSettings
-) -> NodeMaintenanceStatus | None:
-    """``new`` if writing it changes something, else None.
-
-    A status identical to the one this process wrote within ``rewrite_after``
-    is not written again: a server that prunes fields it does not know (the
-    Go NMO's CRD has no pendingPodsDetails) must not cause a write per pass.
-    """
-    if not transitions.differs(obs.nm.status, new):
-        return None
-    recall = obs.recall
-    if (
-        recall.last_written is not None
-        and recall.status_written_ago is not None
-        and recall.status_written_ago < settings.rewrite_after
-        and recall.last_written == fingerprint(new)
-    ):
-        return None
-    return new
-
-
-def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:
-    """A status as compared for rewrites (everything but lastUpdate)."""
-    return transitions.comparable(st)
 
 
 def nmo_node_ref(ref: dict[str, Any], node: str) -> bool:
@@ -232,34 +180,12 @@ def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
             patch = {"lastError": body["lastError"], "lastUpdate": body["lastUpdate"]}
             return Plan(work=Work.KEEP, report=patch)
     if obs.reads:  # the caches could not answer: read, then plan on the answers
-        return _reading(obs.reads)
+        return reading(obs.reads)
     if obs.nm.metadata.deletion_timestamp is not None:
         out = plan_leave(obs)
     else:
-        out = _heartbeat(obs, _plan_enter(obs, settings), settings)
-    return _notified(obs, _released(obs, out, settings), settings)
-
-
-def _reading(reads: tuple[Read, ...]) -> Plan:
-    """A round that only reads; the reconcile plans again on the answers."""
-    return Plan(reads=reads, work=Work.KEEP, result=Result(requeue_after=0))
-
-
-def _released(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
-    """A maintenance let go or failed frees its slot in the fleet ledger (read
-    first when this process has not read it yet), and the queue moves."""
-    name = obs.nm.metadata.name
-    ledger = obs.ledger
-    if out.work not in (Work.STOP, Work.FORGET) or out.ledger is not None or out.reads:
-        return out
-    if not settings.budget.enabled:
-        return out
-    if ledger is None:
-        return _reading((Read(ReadKind.LEDGER),))
-    if name not in ledger.entries:
-        return out  # never admitted
-    kept = {k: v for k, v in ledger.entries.items() if k != name}
-    return replace(out, ledger=LedgerWrite(kept, version=ledger.version, released=name))
+        out = heartbeat(obs, _plan_enter(obs, settings), settings)
+    return _notified(obs, queueing.released(obs, out, settings), settings)
 
 
 def _notified(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
@@ -278,53 +204,6 @@ def _notified(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
     ]
     notes += [(Step.END, n) for n in for_pass(obs.nm, after, late, now=obs.now, operator=operator)]
     return replace(out, notifications=tuple(notes)) if notes else out
-
-
-LIVE = (Phase.PENDING, Phase.RUNNING)  # phases whose lastUpdate says the operator is alive
-
-
-def heartbeat_in(obs: Observed, settings: PlanSettings) -> float:
-    """Seconds until lastUpdate must move again (<= 0: now).
-
-    Measured from the persisted lastUpdate, or from this process's own last
-    write when that is later (the persisted value is truncated to the second,
-    and a write is never repeated within ``heartbeat`` for it).
-    """
-    last = obs.nm.status.last_update
-    age = float("inf") if last is None else (obs.now - last).total_seconds()
-    if obs.recall.status_written_ago is not None:
-        age = min(age, obs.recall.status_written_ago)
-    return settings.heartbeat - age
-
-
-def _heartbeat(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
-    """lastUpdate moves at least every ``heartbeat`` while Pending or Running (A2).
-
-    Scripts check that the operator is alive by the age of lastUpdate, as
-    the Go NMO rewrote it on every pass. nmo writes a status only when it
-    changes, so: every write of a live CR carries ``now``, a pass with
-    nothing to write rewrites the persisted status with ``now`` once
-    ``heartbeat`` has passed, and the CR is looked at again by then. When
-    nothing changes that is one write per ``heartbeat``.
-    """
-    if out.work not in (Work.RUN, Work.QUEUED) or out.result.terminal:
-        return out
-    if (out.status or obs.nm.status).phase not in LIVE:
-        return out
-    if out.status is not None:
-        st, wait = out.status.model_copy(update={"last_update": obs.now}), settings.heartbeat
-    else:
-        due = heartbeat_in(obs, settings)
-        st, wait = None, due
-        if due <= 0:
-            st = obs.nm.status.model_copy(update={"last_update": obs.now})
-            wait = settings.heartbeat
-    after = out.result.requeue_after
-    return replace(
-        out,
-        status=st,
-        result=Result(requeue_after=max(0.05, wait if after is None else min(after, wait))),
-    )
 
 
 def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
@@ -352,7 +231,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         and admission.awaits_start(nm, node_exists=True)
         and older_duplicate(nm, obs.others) is None
     ):
-        admitted = _admit(obs, settings)
+        admitted = queueing.admit(obs, settings)
         if isinstance(admitted, Plan):
             return admitted  # a read first, or it stays queued
         decision, ledger_write = admitted
@@ -368,7 +247,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         return Plan(
             ledger=ledger_write,
             metadata=meta or None,
-            status=_status_write(obs, new, settings),
+            status=status_write(obs, new, settings),
             events=(*events, Emit(c.EVENT_FAILED, warning=True)),
             work=Work.STOP,
             result=TERMINAL,
@@ -407,7 +286,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         # A lease this process does not hold is only taken for a CR a live read
         # confirms: the cache may be behind a watch gap (the CR and its lease
         # deleted meanwhile), and a lease re-created then would never be released.
-        return _reading((Read(ReadKind.MAINTENANCE, nm.metadata.name),))
+        return reading((Read(ReadKind.MAINTENANCE, nm.metadata.name),))
     st = _started(obs, settings)
     if resuming:
         st = transitions.resumed(st)
@@ -439,7 +318,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if obs.pods is None:  # the node's pod watch is syncing; it wakes the CR when done
         return replace(
             base,
-            status=_status_write(obs, st, settings),
+            status=status_write(obs, st, settings),
             result=Result(requeue_after=settings.pods_wait),
         )
     selection = _selection(obs, obs.pods, settings)
@@ -486,7 +365,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         created = nm.metadata.creation_timestamp
         return replace(
             base,
-            status=_status_write(obs, new, settings),
+            status=status_write(obs, new, settings),
             drop=tuple(obs.drain),
             events=(*base.events, Emit(c.EVENT_SUCCEEDED)) if finished else base.events,
             notes=(
@@ -510,7 +389,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if pass_ends > 0:  # lastError (and the Go NMO's log line) when its first pass would end
         wait = min(wait, pass_ends)
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
-    write = _status_write(obs, new, settings)
+    write = status_write(obs, new, settings)
     ago = obs.recall.status_written_ago
     if write is not None and nm.status.begun and ago is not None and ago < settings.status_interval:
         # Progress is written at most once per interval; come back for it.
@@ -554,79 +433,6 @@ def _force(pod: Obj, grace: int) -> Force:
         "(onTimeout Delete bypasses PodDisruptionBudgets)"
     )
     return Force(pod, grace, Emit((c.EVENT_POD_FORCE_DELETED, message), warning=True))
-
-
-def _admit(
-    obs: Observed, settings: PlanSettings
-) -> Plan | tuple[admission.Admission, LedgerWrite | None]:
-    """The fleet budget's decision for a CR waiting to start (behavior.md fleet limits).
-
-    A queued (Pending) control-plane node is checked against the etcd quorum
-    again first (the webhook checked it at CREATE). The decision is made on
-    the ledger as last read; admitting writes it back with the
-    resourceVersion it was read at, so a decision on a stale ledger ends in
-    a 409 and is made again on a fresh read. Entries whose CR failed or is
-    gone are pruned with the write.
-    """
-    nm, node = obs.nm, obs.node
-    assert node is not None
-    ledger, fleet = obs.ledger, obs.fleet
-    checks_quorum = nm.status.phase is Phase.PENDING and quorum.is_control_plane(node)
-    reads: list[Read] = []
-    if checks_quorum and obs.quorum is None:
-        reads.append(Read(ReadKind.QUORUM, nm.spec.node_name))
-    if ledger is None or not ledger.fresh or fleet is None:
-        reads.append(Read(ReadKind.LEDGER))
-    if reads:  # both in one round
-        return _reading(tuple(reads))
-    assert ledger is not None
-    assert fleet is not None
-    if checks_quorum:
-        assert obs.quorum is not None
-        held = quorum.refusal_of(obs.quorum, nm.spec.node_name)
-        if held is not None:  # stays queued, and takes no slot
-            return _queued(obs, held, settings)
-    name = nm.metadata.name
-    entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
-    pruned = len(entries) != len(ledger.entries)
-    version = ledger.version
-    if name in entries:
-        return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
-            LedgerWrite(entries, version=version) if pruned else None
-        )
-    running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
-    running.pop(name, None)
-    decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
-    if decision.admit:
-        entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
-        return decision, LedgerWrite(entries, version=version, admitted=name)
-    queued = _queued(obs, decision, settings)
-    return replace(queued, ledger=LedgerWrite(entries, version=version)) if pruned else queued
-
-
-def _queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
-    """Held back by the budget or the window: Pending, a Queued condition, nothing else."""
-    nm = obs.nm
-    st = transitions.with_condition(
-        nm.status.model_copy(update={"phase": Phase.PENDING}),
-        type_=c.CONDITION_QUEUED,
-        state=ConditionStatus.TRUE,
-        reason=decision.reason,
-        message=decision.message,
-        now=obs.now,
-    )
-    if transitions.differs(nm.status, st):
-        st = st.model_copy(update={"last_update": obs.now})
-    wait = settings.queue_recheck
-    if decision.retry_after is not None:
-        wait = min(wait, decision.retry_after)
-    changed = nm.status.phase is not Phase.PENDING
-    return Plan(
-        status=_status_write(obs, st, settings),
-        work=Work.QUEUED,
-        result=Result(requeue_after=wait),
-        notes=(f"maintenance {nm.metadata.name} queued: {decision.message}",) if changed else (),
-    )
 
 
 def _abort(
@@ -716,7 +522,7 @@ def plan_lease_failure(
     # Retried every lease_retry seconds: the status is written when it changes
     # (and lastUpdate once per heartbeat), not on every refused attempt.
     waiting = Plan(
-        status=_status_write(obs, new, settings),
+        status=status_write(obs, new, settings),
         events=begun,
         result=Result(requeue_after=settings.lease_retry),
         notes=(
@@ -729,7 +535,7 @@ def plan_lease_failure(
             + error,
         ),
     )
-    return _heartbeat(obs, waiting, settings)
+    return heartbeat(obs, waiting, settings)
 
 
 def api_error_status(

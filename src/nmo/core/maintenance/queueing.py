@@ -1,0 +1,117 @@
+"""The fleet budget's queue, planned: who may start now, who waits, whose slot
+is freed (pure; behavior.md's fleet limits, issue 16).
+
+:func:`admit` decides for a CR waiting to start on the ledger snapshot and
+plans its compare-and-swap write; :func:`queued` is the plan of a CR that
+waits (Pending, a Queued condition, nothing else); :func:`released` frees the
+slot of a maintenance let go or failed. The rules themselves are
+:mod:`nmo.core.maintenance.admission`'s and :mod:`nmo.core.maintenance.quorum`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nmo.api import constants as c
+from nmo.api.models import ConditionStatus, Phase
+from nmo.core.maintenance import admission, quorum, transitions
+from nmo.core.maintenance.observed import (
+    LedgerWrite,
+    Observed,
+    Plan,
+    Read,
+    ReadKind,
+    Result,
+    Work,
+)
+from nmo.core.maintenance.policy import PlanSettings, reading, status_write
+
+
+def admit(
+    obs: Observed, settings: PlanSettings
+) -> Plan | tuple[admission.Admission, LedgerWrite | None]:
+    """The fleet budget's decision for a CR waiting to start (behavior.md fleet limits).
+
+    A queued (Pending) control-plane node is checked against the etcd quorum
+    again first (the webhook checked it at CREATE). The decision is made on
+    the ledger as last read; admitting writes it back with the
+    resourceVersion it was read at, so a decision on a stale ledger ends in
+    a 409 and is made again on a fresh read. Entries whose CR failed or is
+    gone are pruned with the write.
+    """
+    nm, node = obs.nm, obs.node
+    assert node is not None
+    ledger, fleet = obs.ledger, obs.fleet
+    checks_quorum = nm.status.phase is Phase.PENDING and quorum.is_control_plane(node)
+    reads: list[Read] = []
+    if checks_quorum and obs.quorum is None:
+        reads.append(Read(ReadKind.QUORUM, nm.spec.node_name))
+    if ledger is None or not ledger.fresh or fleet is None:
+        reads.append(Read(ReadKind.LEDGER))
+    if reads:  # both in one round
+        return reading(tuple(reads))
+    assert ledger is not None
+    assert fleet is not None
+    if checks_quorum:
+        assert obs.quorum is not None
+        held = quorum.refusal_of(obs.quorum, nm.spec.node_name)
+        if held is not None:  # stays queued, and takes no slot
+            return queued(obs, held, settings)
+    name = nm.metadata.name
+    entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
+    pruned = len(entries) != len(ledger.entries)
+    version = ledger.version
+    if name in entries:
+        return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
+            LedgerWrite(entries, version=version) if pruned else None
+        )
+    running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
+    running.pop(name, None)
+    decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
+    if decision.admit:
+        entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
+        return decision, LedgerWrite(entries, version=version, admitted=name)
+    waits = queued(obs, decision, settings)
+    return replace(waits, ledger=LedgerWrite(entries, version=version)) if pruned else waits
+
+
+def queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
+    """Held back by the budget or the window: Pending, a Queued condition, nothing else."""
+    nm = obs.nm
+    st = transitions.with_condition(
+        nm.status.model_copy(update={"phase": Phase.PENDING}),
+        type_=c.CONDITION_QUEUED,
+        state=ConditionStatus.TRUE,
+        reason=decision.reason,
+        message=decision.message,
+        now=obs.now,
+    )
+    if transitions.differs(nm.status, st):
+        st = st.model_copy(update={"last_update": obs.now})
+    wait = settings.queue_recheck
+    if decision.retry_after is not None:
+        wait = min(wait, decision.retry_after)
+    changed = nm.status.phase is not Phase.PENDING
+    return Plan(
+        status=status_write(obs, st, settings),
+        work=Work.QUEUED,
+        result=Result(requeue_after=wait),
+        notes=(f"maintenance {nm.metadata.name} queued: {decision.message}",) if changed else (),
+    )
+
+
+def released(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
+    """A maintenance let go or failed frees its slot in the fleet ledger (read
+    first when this process has not read it yet), and the queue moves."""
+    name = obs.nm.metadata.name
+    ledger = obs.ledger
+    if out.work not in (Work.STOP, Work.FORGET) or out.ledger is not None or out.reads:
+        return out
+    if not settings.budget.enabled:
+        return out
+    if ledger is None:
+        return reading((Read(ReadKind.LEDGER),))
+    if name not in ledger.entries:
+        return out  # never admitted
+    kept = {k: v for k, v in ledger.entries.items() if k != name}
+    return replace(out, ledger=LedgerWrite(kept, version=ledger.version, released=name))
