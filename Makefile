@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
 CERT_MANAGER_BIN := hack/cert-manager-bin.sh
 BUNDLE_VALIDATE := hack/bundle-validate.sh
-GO_E2E_BIN := hack/go-e2e-bin.sh
+GO_NMO_BIN := hack/go-nmo-bin.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
 OLM_OUT ?= build/olm
 IMAGE ?=
@@ -16,7 +16,7 @@ IMAGE ?=
 # python:3.11-slim, or a Debian-built one where that cannot be pulled).
 BASE_IMAGE ?=
 
-.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle go-e2e-bin
+.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle go-e2e-bin go-nmo-bin
 
 all: test
 
@@ -54,9 +54,15 @@ bundle-validator:
 
 # The Go NMO's own e2e suite (its test/e2e, unchanged) as a test binary, built
 # from ../shared/third_party's snapshot into ~/.cache/nmo/build (README), for
-# tests/e2e/test_go_e2e.py.
+# tests/e2e/test_go_e2e.py (hack/go-nmo-bin.sh e2e, or hack/go-e2e-bin.sh).
 go-e2e-bin:
-	$(GO_E2E_BIN)
+	$(GO_NMO_BIN) e2e
+
+# The Go NMO's manager (its ./cmd, unchanged) as go-nmo-manager, built from
+# the same snapshot into the same cache directory, for the drain benchmarks
+# (make bench, make bench-scale: the gonmo tool).
+go-nmo-bin:
+	$(GO_NMO_BIN) manager
 
 # The OLM bundle, generated from the chart (hack/olm_bundle.py) and validated.
 bundle: $(STAMP) sandbox-bin bundle-validator
@@ -103,10 +109,10 @@ test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator go-e2e-bin image li
 demo: $(STAMP) sandbox-bin cert-manager-bin image
 	$(BIN)/nmo-sandbox demo
 
-bench: $(STAMP) sandbox-bin
+bench: $(STAMP) sandbox-bin go-nmo-bin
 	$(BIN)/python benchmarks/drain_bench.py
 
-bench-scale: $(STAMP) sandbox-bin
+bench-scale: $(STAMP) sandbox-bin go-nmo-bin
 	$(BIN)/python benchmarks/scale_bench.py
 
 bench-webhook: $(STAMP) sandbox-bin
