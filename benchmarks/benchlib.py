@@ -1,4 +1,4 @@
-"""The benchmarks' shared harness: nmo as a process, watches, audit windows, drain runs.
+"""The benchmarks' shared harness: the operators as processes, watches, audit windows, drains.
 
 Not a benchmark itself. ``drain_bench.py`` and ``scale_bench.py`` import it:
 
@@ -6,37 +6,46 @@ Not a benchmark itself. ``drain_bench.py`` and ``scale_bench.py`` import it:
   ServiceAccount (nmo_sandbox.identity: the chart's RBAC and namespace flags,
   never the admin's), without leader election, webhook or TLS metrics, waits
   for ``/readyz`` (caches synced) and samples its RSS (:class:`RssSampler`);
+* :class:`GoNmo` does the same for the Go medik8s NMO's manager, built from
+  ``../shared/third_party``'s snapshot by ``hack/go-nmo-bin.sh manager``
+  (``make go-nmo-bin``, cached in ``~/.cache/nmo/build``), run with the
+  sandbox's admin kubeconfig (see its docstring for the flags, the webhook
+  certificate and when it counts as ready);
 * :class:`Mirror` is a list+watch of one resource kept in memory; any change
   wakes :meth:`Hub.wait`, which returns the moment a predicate over one or
   more mirrors first holds (no polling);
-* :class:`AuditWindow` counts the requests each client made between two
+* :class:`AuditWindow` reads the requests each client made between two
   points in the apiserver's audit log, closed by a marker request so the
-  count never depends on a sleep;
+  count never depends on a sleep; ``auditlog.tally`` counts one client's
+  requests by verb, its status writes and its evictions by answer;
 * :func:`run_drain` drains one fresh, identical node with one tool (nmo,
-  the raw ceiling of ``ceiling.py`` or ``kubectl drain``) and then cleans
-  the cluster (the tool's namespace deleted and its pods gone, the node
-  deleted), so every tool runs alone.
+  the Go NMO, the raw ceiling of ``ceiling.py`` or ``kubectl drain``) and
+  then cleans the cluster (the tool's namespace deleted and its pods gone,
+  the node deleted), so every tool runs alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+from auditlog import Request, Tally, parse_line, tally
 from ceiling import (
     client_from_kubeconfig,
     drain_ceiling_detailed,
@@ -58,7 +67,7 @@ NM = f"/apis/{c.API_VERSION}/{c.PLURAL}"
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{c.LEASE_NAMESPACE_DEFAULT}/leases"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 Obj = dict[str, Any]
-TOOLS = ("ceiling", "nmo", "kubectl")
+TOOLS = ("ceiling", "nmo", "gonmo", "kubectl")
 
 
 # -- small waits and cluster helpers ---------------------------------------
@@ -407,20 +416,27 @@ async def bench_identity(sb: Sandbox) -> Identity:
     return _IDENTITIES[key]
 
 
-class Nmo:
-    """``nmo run`` against the sandbox: start, wait for caches, sample RSS, stop."""
+class OperatorProcess:
+    """An operator run out of cluster as a local process: start, wait until ready, stop.
 
-    def __init__(self, sb: Sandbox, log_file: Path, *, log_level: str = "warning") -> None:
+    Subclasses say how to run it (:meth:`argv`, :meth:`env`), what to prepare
+    first (:meth:`prepare`) and what, besides ``/readyz`` on the loopback
+    health probe port, says it is ready (:meth:`started`). Its RSS and CPU
+    time come from ``/proc`` (``procstats``), the same way for every operator.
+    """
+
+    name = "operator"
+    ready_means = "/readyz"
+
+    def __init__(self, sb: Sandbox, log_file: Path) -> None:
         self.sb = sb
         self.log_file = log_file
-        self.log_level = log_level
         self.probe_port = free_port()
-        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_after = 0.0
         self.startup_peak_rss = 0.0
         self.startup_cpu = 0.0
-        self.identity: Identity | None = None  # the chart's, found at start
+        self._log_start = 0
 
     @property
     def pid(self) -> int:
@@ -429,6 +445,88 @@ class Nmo:
 
     def rss(self) -> float:
         return rss_mib(self.pid)
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str] | None:
+        """The process's environment (``None``: the benchmark's own)."""
+        return None
+
+    async def prepare(self) -> None:
+        """Whatever must exist before the process starts."""
+
+    def started(self) -> bool:
+        """Besides ``/readyz``: whether the process says it is ready."""
+        return True
+
+    def log_since_start(self) -> str:
+        with self.log_file.open("rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
+
+    async def start(self, timeout: float = 600.0) -> float:
+        """Start the operator and wait until it is ready; returns seconds."""
+        await self.prepare()
+        self._log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+        started = time.monotonic()
+        with self.log_file.open("ab") as out:
+            self.proc = subprocess.Popen(  # noqa: ASYNC220
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env()
+            )
+        async with httpx.AsyncClient(timeout=2.0) as probe:
+
+            async def ready() -> bool:
+                assert self.proc is not None
+                self.startup_peak_rss = max(self.startup_peak_rss, rss_mib(self.proc.pid))
+                if self.proc.poll() is not None:
+                    tail = self.log_since_start()[-3000:]
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{tail}")
+                try:
+                    resp = await probe.get(f"http://127.0.0.1:{self.probe_port}/readyz")
+                except httpx.TransportError:
+                    return False
+                return resp.status_code == 200 and self.started()
+
+            await until(ready, timeout, f"{self.name} to be ready ({self.ready_means})", 0.05)
+        self.ready_after = time.monotonic() - started
+        self.startup_cpu = cpu_seconds(self.pid)
+        return self.ready_after
+
+    async def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait, 10)
+
+    async def __aenter__(self) -> OperatorProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+
+class Nmo(OperatorProcess):
+    """``nmo run`` against the sandbox: start, wait for caches, sample RSS, stop."""
+
+    name = "nmo"
+    ready_means = "caches synced"
+    agent = "nmo/"
+
+    def __init__(self, sb: Sandbox, log_file: Path, *, log_level: str = "warning") -> None:
+        super().__init__(sb, log_file)
+        self.log_level = log_level
+        self.metrics_port = free_port()
+        self.identity: Identity | None = None  # the chart's, found at start
+
+    async def prepare(self) -> None:
+        self.identity = self.identity or await bench_identity(self.sb)
 
     def argv(self) -> list[str]:
         assert self.identity is not None, "start() finds the identity"
@@ -440,31 +538,6 @@ class Nmo:
             "--health-probe-port", str(self.probe_port), "--metrics-port", str(self.metrics_port),
             "--no-metrics-secure", "--log-level", self.log_level,
         ]  # fmt: skip
-
-    async def start(self, timeout: float = 600.0) -> float:
-        """Start nmo and wait until ``/readyz`` says its caches are synced; returns seconds."""
-        self.identity = self.identity or await bench_identity(self.sb)
-        started = time.monotonic()
-        with self.log_file.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
-        async with httpx.AsyncClient(timeout=2.0) as probe:
-
-            async def ready() -> bool:
-                assert self.proc is not None
-                self.startup_peak_rss = max(self.startup_peak_rss, rss_mib(self.proc.pid))
-                if self.proc.poll() is not None:
-                    tail = self.log_file.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"nmo exited with {self.proc.returncode}:\n{tail}")
-                try:
-                    resp = await probe.get(f"http://127.0.0.1:{self.probe_port}/readyz")
-                except httpx.TransportError:
-                    return False
-                return resp.status_code == 200
-
-            await until(ready, timeout, "nmo to be ready (caches synced)", interval=0.05)
-        self.ready_after = time.monotonic() - started
-        self.startup_cpu = cpu_seconds(self.pid)
-        return self.ready_after
 
     async def metrics(self) -> dict[str, float]:
         """nmo's own counters: reconcile passes and time, evictions by outcome."""
@@ -484,23 +557,119 @@ class Nmo:
                 out[f"evictions_{outcome}"] = float(value)
         return out
 
-    async def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait, 10)
-
     async def __aenter__(self) -> Nmo:
         await self.start()
         return self
 
-    async def __aexit__(self, *_: object) -> None:
-        await self.stop()
+
+REPO = Path(__file__).resolve().parents[1]
+GO_NMO_SCRIPT = REPO / "hack" / "go-nmo-bin.sh"
+# controller-runtime's webhook server listens on all addresses at its
+# DefaultPort; the Go NMO's main has no flag or environment variable for it.
+GO_NMO_WEBHOOK_PORT = 9443
+
+
+@functools.cache
+def go_nmo_binary() -> Path:
+    """The Go NMO's manager, built from ../shared/third_party when not cached yet.
+
+    ``hack/go-nmo-bin.sh manager`` (``make go-nmo-bin``): its ``./cmd``
+    unchanged, cached as ``~/.cache/nmo/build/go-nmo-<commit>/go-nmo-manager``.
+    The build's progress goes to this process's stderr.
+    """
+    done = subprocess.run(
+        [str(GO_NMO_SCRIPT), "manager"], stdout=subprocess.PIPE, text=True, check=False
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{GO_NMO_SCRIPT} manager failed (exit {done.returncode})")
+    return Path(lines[-1])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a listener on every address at ``port`` (as Go's ``:port``) would fail."""
+    family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners
+        if family == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+class GoNmo(OperatorProcess):
+    """The Go medik8s NMO's manager (``go_nmo_binary``) out of cluster, as an admin.
+
+    Started as upstream's Deployment starts ``/manager``, but without leader
+    election (as nmo here), with metrics off (``--metrics-bind-address=0``;
+    they would need the apiserver's authentication and authorization), the
+    health probe on a free loopback port and ``KUBECONFIG`` the sandbox's
+    admin kubeconfig (upstream's RBAC is a ClusterRole the benchmark does not
+    install). Its webhook server always starts, on every address at
+    :data:`GO_NMO_WEBHOOK_PORT`, reading ``tls.crt``/``tls.key`` from
+    controller-runtime's default directory ``$TMPDIR/k8s-webhook-server/serving-certs``:
+    ``TMPDIR`` is a directory of this run holding a certificate from the
+    sandbox CA. No ValidatingWebhookConfiguration points at it. The lease
+    namespace ``medik8s-leases`` is created by the Go NMO itself when missing
+    (medik8s/common's lease manager).
+
+    Ready: ``/readyz`` answers (a ping, even before the caches sync) and the
+    controller logged ``Starting workers`` (after its caches synced), so
+    ``log_level`` is ``info`` (upstream has no warning level; its default is
+    ``debug``) or ``debug``. Its drain logs one klog line per pod whatever the
+    level.
+    """
+
+    name = "the Go NMO"
+    ready_means = "/readyz and 'Starting workers'"
+    agent = "go-nmo-manager/"
+
+    def __init__(self, sb: Sandbox, log_file: Path, *, log_level: str = "info") -> None:
+        if log_level not in ("debug", "info"):
+            raise ValueError(f"the Go NMO's log level must be debug or info, not {log_level!r}")
+        super().__init__(sb, log_file)
+        self.log_level = log_level
+        self.binary: Path | None = None
+        self.tmpdir = log_file.with_name(f"{log_file.stem}.tmp")
+
+    async def prepare(self, port_timeout: float = 300.0) -> None:
+        self.binary = self.binary or await asyncio.to_thread(go_nmo_binary)
+        certs = self.tmpdir / "k8s-webhook-server" / "serving-certs"
+        self.sb.issue_serving_cert(certs, ["127.0.0.1", "localhost"], name="tls")
+
+        async def port_free() -> bool:
+            return not port_in_use(GO_NMO_WEBHOOK_PORT)
+
+        await until(
+            port_free,
+            port_timeout,
+            f"port {GO_NMO_WEBHOOK_PORT} to be free (the Go NMO's webhook server cannot move; "
+            "something else listens there)",
+            interval=1.0,
+        )
+
+    def argv(self) -> list[str]:
+        assert self.binary is not None, "start() finds the binary"
+        return [
+            str(self.binary),
+            "--metrics-bind-address=0",
+            f"--health-probe-bind-address=127.0.0.1:{self.probe_port}",
+            f"--zap-log-level={self.log_level}",
+        ]
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "LEASE_NAMESPACE"}
+        return env | {"KUBECONFIG": str(self.sb.kubeconfig), "TMPDIR": str(self.tmpdir)}
+
+    def started(self) -> bool:
+        return "Starting workers" in self.log_since_start()
+
+    async def __aenter__(self) -> GoNmo:
+        await self.start()
+        return self
 
 
 class RssSampler:
@@ -548,7 +717,7 @@ class AuditWindow:
 
     path: Path
     start: int = 0
-    lines: list[tuple[str, str]] = field(default_factory=list)  # (userAgent, verb[/sub])
+    requests: list[Request] = field(default_factory=list)
 
     @classmethod
     def open(cls, sb: Sandbox) -> AuditWindow:
@@ -573,17 +742,12 @@ class AuditWindow:
                 *complete, tail_new = (tail + chunk).split(b"\n")
                 tail = tail_new
                 for raw in complete:
-                    try:
-                        ev = json.loads(raw)
-                    except json.JSONDecodeError:
+                    req = parse_line(raw)
+                    if req is None:
                         continue
-                    agent = str(ev.get("userAgent", ""))
-                    if agent == marker:
+                    if req.agent == marker:
                         return self
-                    verb = str(ev.get("verb", "?"))
-                    sub = (ev.get("objectRef") or {}).get("subresource")
-                    res = (ev.get("objectRef") or {}).get("resource")
-                    self.lines.append((agent, f"{verb} {res}/{sub}" if sub else f"{verb} {res}"))
+                    self.requests.append(req)
                 if chunk:
                     deadline = time.monotonic() + timeout  # still catching up
                 elif time.monotonic() > deadline:
@@ -595,8 +759,25 @@ class AuditWindow:
                     await asyncio.sleep(0.05)
 
     def count(self, agent_prefix: str) -> tuple[int, dict[str, int]]:
-        verbs = Counter(v for agent, v in self.lines if agent.startswith(agent_prefix))
-        return sum(verbs.values()), dict(verbs.most_common())
+        t = self.tally(agent_prefix)
+        return t.requests, t.by_verb
+
+    def tally(self, agent_prefix: str) -> Tally:
+        """Requests by verb, status writes and evictions by answer (``auditlog.tally``)."""
+        return tally(self.requests, agent_prefix)
+
+
+def request_figures(t: Tally, crs: int = 1) -> Obj:
+    """A tool's audit figures as a benchmark record's fields."""
+    return {
+        "requests": t.requests,
+        "requests_by_verb": t.by_verb,
+        "status_writes": t.status_writes,
+        "status_writes_per_cr": round(t.status_writes_per_cr(crs), 2),
+        "eviction_requests": t.evictions,
+        "refused_evictions": t.refused_evictions,
+        "eviction_answers": t.eviction_answers,
+    }
 
 
 # -- one drain with one tool ----------------------------------------------------
@@ -616,6 +797,7 @@ class DrainContext:
     work: Path
     spares: list[str]
     nmo_log_level: str = "warning"
+    gonmo_log_level: str = "info"
     timeout: float = 1800.0
     ceiling_parallel: int = 100
 
@@ -658,8 +840,8 @@ async def run_drain(ctx: DrainContext, scenario: Scenario, tool: str, tag: str =
     await prepare_workload(ctx, ns, [node], scenario.pods, scenario.pdb)
     result: Obj = {"scenario": scenario.name, "pods": scenario.pods, "tool": tool}
     try:
-        if tool == "nmo":
-            result |= await _drain_nmo(ctx, node)
+        if tool in ("nmo", "gonmo"):
+            result |= await _drain_operator(ctx, node, tool, scenario.pods)
         elif tool == "ceiling":
             result |= await _drain_ceiling(ctx, node)
         elif tool == "kubectl":
@@ -686,14 +868,30 @@ async def _list(http: httpx.AsyncClient, node: str) -> tuple[set[str], str]:
     return {str(p["metadata"]["uid"]) for p in pods if evictable(p)}, rv
 
 
-async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
+def operator(ctx: DrainContext, tool: str, log_file: Path) -> Nmo | GoNmo:
+    """The operator process of ``tool`` (``nmo`` or ``gonmo``), not started yet."""
+    if tool == "nmo":
+        return Nmo(ctx.sb, log_file, log_level=ctx.nmo_log_level)
+    if tool == "gonmo":
+        return GoNmo(ctx.sb, log_file, log_level=ctx.gonmo_log_level)
+    raise ValueError(f"{tool!r} is no operator")
+
+
+def per_1000(value: float, pods: int) -> float | None:
+    """``value`` per 1,000 pods (CPU-seconds per 1,000 evicted pods)."""
+    return round(value * 1000 / pods, 2) if pods else None
+
+
+async def _drain_operator(ctx: DrainContext, node: str, tool: str, pods: int) -> Obj:
+    """A fresh operator (nmo or the Go NMO) drains ``node``: create the CR, wait for Succeeded."""
     http = ctx.http
     name = f"bench-{node}"
-    nmo = Nmo(ctx.sb, ctx.work / f"nmo-{node}.log", log_level=ctx.nmo_log_level)
+    op = operator(ctx, tool, ctx.work / f"{tool}-{node}.log")
     hub = Hub()
-    await nmo.start()
+    await op.start()
+    counters: dict[str, float] = {}
     try:
-        idle = nmo.rss()
+        idle = op.rss()
         async with Mirror(http, NM, hub, {"fieldSelector": f"metadata.name={name}"}) as crs:
 
             def succeeded() -> bool:
@@ -702,34 +900,36 @@ async def _drain_nmo(ctx: DrainContext, node: str) -> Obj:
 
             empty = await _observe_empty(http, node, ctx.timeout)
             window = AuditWindow.open(ctx.sb)
-            counters = await nmo.metrics()
+            if isinstance(op, Nmo):
+                counters = await op.metrics()
             try:
-                async with RssSampler(nmo.pid) as rss:
+                async with RssSampler(op.pid) as rss:
                     started = time.monotonic()
                     await ok(http.post(NM, json=maintenance(name, node)))
                     done = await hub.wait(succeeded, ctx.timeout, f"{name} to succeed")
                     emptied = await empty
             finally:
                 empty.cancel()
-            counters = metrics_delta(counters, await nmo.metrics())
+            if isinstance(op, Nmo):
+                counters = metrics_delta(counters, await op.metrics())
             await window.close(http)
-            requests, verbs = window.count("nmo/")
             await ok(http.delete(f"{NM}/{name}"), 200, 202, 404)
             await hub.wait(lambda: name not in crs.store, 120, f"{name} to be removed")
     finally:
-        await nmo.stop()
-    return {
+        await op.stop()
+    result: Obj = {
         "seconds": round(done - started, 2),
         "node_empty_s": round(emptied - started, 2),
-        "requests": requests,
-        "requests_by_verb": verbs,
-        "nmo_ready_s": round(nmo.ready_after, 2),
-        "nmo_idle_rss_mib": round(idle, 1),
-        "nmo_peak_rss_mib": round(rss.peak, 1),
-        "nmo_cpu_s": round(rss.cpu, 2),
-        "nmo_reconciles": int(counters.get("reconciles", 0)),
-        "nmo_metrics": counters,
+        **request_figures(window.tally(op.agent)),
+        "ready_s": round(op.ready_after, 2),
+        "idle_rss_mib": round(idle, 1),
+        "peak_rss_mib": round(rss.peak, 1),
+        "cpu_s": round(rss.cpu, 2),
+        "cpu_s_per_1000_pods": per_1000(rss.cpu, pods),
     }
+    if isinstance(op, Nmo):
+        result |= {"nmo_reconciles": int(counters.get("reconciles", 0)), "nmo_metrics": counters}
+    return result
 
 
 async def _drain_ceiling(ctx: DrainContext, node: str) -> Obj:
@@ -741,16 +941,14 @@ async def _drain_ceiling(ctx: DrainContext, node: str) -> Obj:
         )
     cpu = time.process_time() - cpu
     await window.close(ctx.http)
-    requests, verbs = window.count("raw-ceiling/")
     return {
         "seconds": round(res.seconds, 2),
         "node_empty_s": round(res.seconds, 2),
         "evictions_done_after_s": round(res.evictions_done_after, 2),
-        "eviction_answers": {str(k): v for k, v in sorted(res.answers.items())},
+        **request_figures(window.tally("raw-ceiling/")),
+        "ceiling_eviction_answers": {str(k): v for k, v in sorted(res.answers.items())},
         # The benchmark's whole process (its own watches included): an upper bound.
         "client_cpu_s": round(cpu, 2),
-        "requests": requests,
-        "requests_by_verb": verbs,
     }
 
 
@@ -763,6 +961,7 @@ async def _drain_kubectl(ctx: DrainContext, node: str, attempts: int = 50) -> Ob
     """
     empty = await _observe_empty(ctx.http, node, ctx.timeout)
     window = AuditWindow.open(ctx.sb)
+    cpu0 = _children_cpu()
     started = time.monotonic()
     failures: list[str] = []
     try:
@@ -777,24 +976,31 @@ async def _drain_kubectl(ctx: DrainContext, node: str, attempts: int = 50) -> Ob
         else:
             raise RuntimeError(f"kubectl drain failed {attempts} times: {failures[-1]}")
         seconds = time.monotonic() - started
+        cpu = _children_cpu() - cpu0
         emptied = await empty
     finally:
         empty.cancel()
     await window.close(ctx.http)
-    requests, verbs = window.count("kubectl")
     return {
         "seconds": round(seconds, 2),
         "node_empty_s": round(emptied - started, 2),
         "kubectl_runs": len(failures) + 1,
         "kubectl_first_error": failures[0] if failures else None,
-        "requests": requests,
-        "requests_by_verb": verbs,
+        **request_figures(window.tally("kubectl")),
+        "cpu_s": round(cpu, 2),
     }
+
+
+def _children_cpu() -> float:
+    """User + system CPU time of this process's waited-for children (the kubectl runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def environment_note() -> str:
     load = os.getloadavg()
     return (
         f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
-        "(the sandbox, nmo and the load generator share these cores; other work may run)"
+        "(the sandbox, the operators and the load generator share these cores; "
+        "other work may run)"
     )

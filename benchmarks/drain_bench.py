@@ -1,4 +1,11 @@
-"""Drain benchmark: nmo vs the raw eviction ceiling vs ``kubectl drain``, same run.
+"""Drain benchmark: nmo vs the Go NMO vs the raw eviction ceiling vs ``kubectl drain``, same run.
+
+Repeat it: ``make bench`` (it builds the sandbox binaries and the Go NMO's
+manager first, both cached in ``~/.cache/nmo``), or, once they are built,
+``.venv/bin/python benchmarks/drain_bench.py`` with the options below. The
+Go NMO is built from ``../shared/third_party``'s checksummed snapshot of
+its upstream tree (commit 3a54cd15, with vendor/) by ``hack/go-nmo-bin.sh
+manager`` (``make go-nmo-bin``), offline, its ``./cmd`` unchanged.
 
 Scenarios (``--scenarios``, default all):
 
@@ -7,39 +14,57 @@ Scenarios (``--scenarios``, default all):
 * ``pdb300``: 300 pods behind one PDB with ``maxUnavailable: 10%``.
 
 For each scenario and each tool (``--tools``, in that order; default
-ceiling, nmo, kubectl) the benchmark creates a fresh, identical kwok node,
-puts the scenario's Deployment pods on it (1 s grace period, see
+ceiling, nmo, gonmo, kubectl) the benchmark creates a fresh, identical kwok
+node, puts the scenario's Deployment pods on it (1 s grace period, see
 ``nmo_sandbox.manifests``), waits until they are Ready (and the PDB's status
 is computed), lets replacements go to the shared spare nodes only, then
 drains it with that tool alone:
 
 * ``ceiling``: ``ceiling.drain_ceiling`` (cordon, one LIST, 100 parallel
   evictions, 50-100 ms retries on 409/429, watch until empty);
-* ``nmo``: a fresh ``nmo run`` (started for this drain only, caches synced
-  first), time from creating the NodeMaintenance to ``phase=Succeeded``,
-  observed by a watch; its peak RSS during the drain (sampled every 50 ms),
-  the CPU time it used, its reconcile passes (from its /metrics) and its
-  API requests (user agent ``nmo/``) in the apiserver's audit log;
+* ``nmo``: a fresh ``nmo run`` (started for this drain only, as the chart's
+  ServiceAccount, caches synced first), time from creating the
+  NodeMaintenance to ``phase=Succeeded``, observed by a watch; its peak RSS
+  during the drain (sampled every 50 ms), the CPU time it used, its
+  reconcile passes (from its /metrics) and its API requests (user agent
+  ``nmo/``) in the apiserver's audit log;
+* ``gonmo``: the same for the Go medik8s NMO's manager (``benchlib.GoNmo``:
+  started for this drain only with the sandbox's admin kubeconfig, without
+  leader election or metrics, ready once its controller has started its
+  workers; its log level ``--gonmo-log-level``, default info), user agent
+  ``go-nmo-manager/``. Its webhook server cannot move off port 9443, so
+  nothing else may listen there while it runs (it waits up to 5 minutes);
 * ``kubectl``: ``kubectl drain --ignore-daemonsets --delete-emptydir-data
   --force``, wall time; run again while it exits non-zero, as a user's
   retry loop would (kubectl retries 429 itself but gives up on a pod whose
   eviction answers 409, which concurrent evictions behind one PDB can get),
-  the runs are counted.
+  the runs are counted, and their CPU time.
 
 Every tool also gets ``node_empty_s``: when the benchmark's own watch saw the
 node's last pod go. Between tools the cluster is cleaned: the CR deleted
-(nmo uncordons and releases the lease) and nmo stopped, the tool's namespace
-deleted and waited for until all its pods are gone, the node deleted. The
-ratios nmo/ceiling and kubectl/ceiling compare figures from the same run.
+(the operator uncordons and releases the lease) and the operator stopped,
+the tool's namespace deleted and waited for until all its pods are gone, the
+node deleted.
+
+The summary, per scenario and tool (medians over rounds): seconds, ratio to
+the ceiling and to the Go NMO (figures of the same run), when the node was
+empty, CPU-seconds (the ceiling's: the benchmark process's own, an upper
+bound), CPU-seconds per 1,000 evicted pods, peak RSS, requests in all and by
+verb, status writes per CR (``update``/``patch`` on
+``nodemaintenances/status``) and refused evictions (``create pods/eviction``
+answered anything but 201: 429 from the PDB, 409...), all from the audit
+log (``auditlog.py``); then the issue's targets: nmo's drain <= 1.1x the
+ceiling, nmo's CPU-seconds per 1,000 pods <= the Go NMO's.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
-[--scenarios p100 p1000 pdb300] [--tools ceiling nmo kubectl] [--repeat N]
-[--nmo-log-level info --work-dir DIR]`` (``--work-dir`` keeps each drain's nmo
-log, to read where its time went)
-(``--repeat``: N rounds per scenario, each starting with the next tool;
-the summary shows medians and ranges). The machine
-has 2 cores shared by the whole control plane, nmo and the benchmark; figures
-are noisy, compare ratios within one run.
+[--scenarios p100 p1000 pdb300] [--tools ceiling nmo gonmo kubectl]
+[--repeat N] [--nmo-log-level info] [--gonmo-log-level debug] [--work-dir DIR]``
+(``--work-dir`` keeps each drain's operator log, to read where its time
+went; ``--repeat``: N rounds per scenario, each starting with the next tool;
+the summary shows medians and ranges). The machine has 2 cores shared by
+the whole control plane, the operators and the benchmark; figures are
+noisy, compare ratios within one run, and never run two benchmarks at once
+(``flock /tmp/nmo-bench.lock make bench``).
 """
 
 from __future__ import annotations
@@ -61,6 +86,7 @@ from benchlib import (
     DrainContext,
     Scenario,
     environment_note,
+    go_nmo_binary,
     install_crd,
     make_spares,
     nmo_commit,
@@ -80,48 +106,89 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a is not None and b else "-"
 
 
+def _values(results: list[dict[str, Any]], key: str) -> list[float]:
+    return sorted(float(r[key]) for r in results if r.get(key) is not None)
+
+
 def _median(results: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(r[key]) for r in results]
+    values = _values(results, key)
     return statistics.median(values) if values else None
 
 
-def _cell(results: list[dict[str, Any]], key: str = "seconds") -> str:
+def _cell(results: list[dict[str, Any]], key: str = "seconds", fmt: str = ".2f") -> str:
     """The median, with the range when there were several rounds."""
-    values = sorted(float(r[key]) for r in results)
+    values = _values(results, key)
     if not values:
         return "-"
-    med = f"{statistics.median(values):.2f}"
-    return med if len(values) == 1 else f"{med} ({values[0]:.1f}-{values[-1]:.1f})"
+    med = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return med
+    return f"{med} ({format(values[0], fmt)}-{format(values[-1], fmt)})"
+
+
+OPERATORS = ("nmo", "gonmo")
+TARGET_OVER_CEILING = 1.1  # issue 22: every drain scenario <= 1.1x the ceiling
+HEADER = (
+    f"{'tool':<8}  {'seconds':>8}  {'/ceiling':>8}  {'/gonmo':>7}  {'node empty(s)':>13}  "
+    f"{'CPU-s':>7}  {'CPU-s/1000 pods':>15}  {'peak RSS(MiB)':>13}  {'requests':>8}  "
+    f"{'status writes/CR':>16}  {'refused evictions':>17}"
+)
+
+
+def _tool_row(tool: str, rows: list[dict[str, Any]], med: dict[str, float | None]) -> str:
+    operator = tool in OPERATORS
+    # The ceiling's is the benchmark process's own CPU time: an upper bound.
+    cpu = "<=" + _cell(rows, "client_cpu_s") if tool == "ceiling" else _cell(rows, "cpu_s")
+    return (
+        f"{tool:<8}  {_cell(rows):>8}  {ratio(med[tool], med['ceiling']):>8}  "
+        f"{ratio(med[tool], med['gonmo']):>7}  {_cell(rows, 'node_empty_s'):>13}  {cpu:>7}  "
+        f"{_cell(rows, 'cpu_s_per_1000_pods') if operator else '-':>15}  "
+        f"{_cell(rows, 'peak_rss_mib', '.1f') if operator else '-':>13}  "
+        f"{_cell(rows, 'requests', '.0f'):>8}  "
+        f"{_cell(rows, 'status_writes_per_cr', '.1f') if operator else '-':>16}  "
+        f"{_cell(rows, 'refused_evictions', '.0f'):>17}"
+    )
+
+
+def _verbs(rows: list[dict[str, Any]]) -> str:
+    """Requests by verb of the first round (the others are in the JSON lines above)."""
+    verbs: dict[str, int] = rows[0].get("requests_by_verb") or {}
+    return ", ".join(f"{v} {n}" for v, n in verbs.items()) or "none"
 
 
 def summary(results: list[dict[str, Any]], scenarios: list[str]) -> str:
-    rows = [
-        "scenario  pods  ceiling(s)  nmo(s)  nmo node empty(s)  kubectl(s)  nmo/ceiling  "
-        "kubectl/ceiling  requests ceiling/nmo/kubectl  nmo peak RSS (MiB)  nmo CPU(s)  nmo passes",
-    ]
+    """Per scenario: one row per tool (medians over rounds), requests by verb, the targets."""
+    out: list[str] = []
     for name in scenarios:
         by = {t: [r for r in results if r["scenario"] == name and r["tool"] == t] for t in TOOLS}
         if not any(by.values()):
             continue
+        rounds = max(len(v) for v in by.values())
         med = {t: _median(by[t], "seconds") for t in TOOLS}
-        req = "/".join(str(int(_median(by[t], "requests") or 0)) if by[t] else "-" for t in TOOLS)
-        rss = _cell(by["nmo"], "nmo_peak_rss_mib")
-        cpu = _cell(by["nmo"], "nmo_cpu_s")
-        passes = _cell(by["nmo"], "nmo_reconciles")
-        rows.append(
-            f"{name:<8}  {SCENARIOS[name].pods:>4}  {_cell(by['ceiling']):>10}  "
-            f"{_cell(by['nmo']):>6}  {_cell(by['nmo'], 'node_empty_s'):>17}  "
-            f"{_cell(by['kubectl']):>10}  {ratio(med['nmo'], med['ceiling']):>11}  "
-            f"{ratio(med['kubectl'], med['ceiling']):>15}  {req:>28}  {rss:>18}  "
-            f"{cpu:>10}  {passes:>10}"
-        )
+        more = f", median of {rounds} rounds (range)" if rounds > 1 else ""
+        out += ["", f"{name}: {SCENARIOS[name].pods} pods{more}", HEADER]
+        out += [_tool_row(t, by[t], med) for t in TOOLS if by[t]]
+        out.append("requests by verb" + (" (first round):" if rounds > 1 else ":"))
+        out += [f"  {t}: {_verbs(by[t])}" for t in TOOLS if by[t]]
+        cpu = {t: _median(by[t], "cpu_s_per_1000_pods") for t in OPERATORS}
+        if any(v is not None for v in cpu.values()):
+            figures = ", ".join(f"{t} {cpu[t]:.2f}" for t in OPERATORS if cpu[t] is not None)
+            verdict = ""
+            if cpu["nmo"] is not None and cpu["gonmo"]:
+                met = "met" if cpu["nmo"] <= cpu["gonmo"] else "MISSED"
+                verdict = f", nmo/gonmo {ratio(cpu['nmo'], cpu['gonmo'])} (target <= 1: {met})"
+            out.append(f"CPU-s per 1000 pods: {figures}{verdict}")
+        if med["ceiling"] and med["nmo"] is not None:
+            over = med["nmo"] / med["ceiling"]
+            met = "met" if over <= TARGET_OVER_CEILING else "MISSED"
+            out.append(f"nmo/ceiling {over:.2f}x (target <= {TARGET_OVER_CEILING}x: {met})")
     for r in results:
         if r["tool"] == "kubectl" and r.get("kubectl_runs", 1) > 1:
-            rows.append(
+            out.append(
                 f"note: {r['scenario']} round {r.get('round', 0)}: kubectl drain needed "
                 f"{r['kubectl_runs']} runs (first error: {r['kubectl_first_error']})"
             )
-    return "\n".join(rows)
+    return "\n".join(out)
 
 
 async def main(opts: argparse.Namespace) -> int:
@@ -129,11 +196,13 @@ async def main(opts: argparse.Namespace) -> int:
     print(f"nmo: {nmo_commit()}", flush=True)
     results: list[dict[str, Any]] = []
     tools: list[str] = opts.tools
+    if "gonmo" in tools:  # built (or found cached) before the sandbox starts
+        print(f"the Go NMO: {go_nmo_binary()}", flush=True)
     with contextlib.ExitStack() as stack:
         if opts.work_dir is not None:
             work = Path(opts.work_dir)
             os.makedirs(work, exist_ok=True)
-            print(f"work directory (kept: nmo logs, sandbox): {work}", flush=True)
+            print(f"work directory (kept: operator logs, sandbox): {work}", flush=True)
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nmo-drain-bench-")))
         async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=60) as http:
@@ -144,6 +213,7 @@ async def main(opts: argparse.Namespace) -> int:
                 work,
                 [],
                 nmo_log_level=opts.nmo_log_level,
+                gonmo_log_level=opts.gonmo_log_level,
                 ceiling_parallel=opts.ceiling_parallel,
             )
             await make_spares(ctx, opts.spares)
@@ -171,6 +241,12 @@ if __name__ == "__main__":
     parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
     parser.add_argument("--spares", type=int, default=3, help="nodes for the replacements")
     parser.add_argument("--nmo-log-level", default="warning")
+    parser.add_argument(
+        "--gonmo-log-level",
+        choices=["info", "debug"],
+        default="info",
+        help="the Go NMO's --zap-log-level (its quietest level that says when it is ready)",
+    )
     parser.add_argument(
         "--work-dir",
         default=None,

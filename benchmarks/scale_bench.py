@@ -70,15 +70,19 @@ from benchlib import (
     delete_namespace,
     delete_nodes,
     environment_note,
+    go_nmo_binary,
     install_crd,
     maintenance,
     make_spares,
     metrics_delta,
     nmo_commit,
     ok,
+    operator,
+    per_1000,
     prepare_workload,
     quantile,
     ready_replicas,
+    request_figures,
     run_drain,
     until,
 )
@@ -93,6 +97,18 @@ from ceiling import (
 from nmo.api import constants as c
 from nmo_sandbox import Sandbox
 
+OPERATORS = ("nmo", "gonmo")
+# Each operator's figures of a part (c) drain, in the part's record as <tool>_<figure>.
+OPERATOR_FIGURES = (
+    "node_empty_s",
+    "requests",
+    "requests_by_verb",
+    "status_writes_per_cr",
+    "refused_evictions",
+    "peak_rss_mib",
+    "cpu_s",
+    "cpu_s_per_1000_pods",
+)
 BULK_NS = "bulk"
 BULK_LABEL = "bench-bulk"
 Obj = dict[str, Any]
@@ -318,15 +334,16 @@ async def big_drain(b: Bench) -> dict[str, Any]:
     record: dict[str, Any] = {"part": "c", "pods": b.opts.drain_pods}
     for tool, res in results.items():
         record[f"{tool}_s"] = res["seconds"]
-    if "nmo" in results:
-        record["nmo_node_empty_s"] = results["nmo"]["node_empty_s"]
-        record["nmo_requests"] = results["nmo"]["requests"]
-        record["nmo_peak_rss_mib"] = results["nmo"]["nmo_peak_rss_mib"]
-        record["nmo_cpu_s"] = results["nmo"]["nmo_cpu_s"]
-    if "nmo" in results and "ceiling" in results:
-        record["nmo_over_ceiling"] = round(
-            results["nmo"]["seconds"] / results["ceiling"]["seconds"], 2
-        )
+    for tool in OPERATORS:
+        if tool in results:
+            res = results[tool]
+            record |= {f"{tool}_{k}": res[k] for k in OPERATOR_FIGURES}
+    for tool in OPERATORS:
+        for base in ("ceiling", "gonmo"):
+            if tool != base and tool in results and base in results:
+                record[f"{tool}_over_{base}"] = round(
+                    results[tool]["seconds"] / results[base]["seconds"], 2
+                )
     emit(record)
     return record
 
@@ -358,71 +375,91 @@ async def _cancelling(tasks: list[asyncio.Task[float]]) -> AsyncIterator[None]:
             task.cancel()
 
 
+async def _concurrent_operator(
+    b: Bench, ctx: DrainContext, tool: str, nodes: list[str], per: int
+) -> dict[str, Any]:
+    """One operator: all CRs at once, ``nodes[0]`` held by a PDB that never allows an eviction."""
+    http = b.http
+    blocked, others = nodes[0], nodes[1:]
+    ns = f"bench-conc-{tool}"
+    await prepare_workload(ctx, ns, nodes, per, {"minAvailable": per})
+    hub = Hub()
+    op = operator(ctx, tool, b.work / f"{tool}-concurrent.log")
+    await op.start(timeout=1200)
+    counters: dict[str, float] = {}
+    try:
+        async with Mirror(http, NM, hub) as crs:
+
+            def phase(node: str) -> str | None:
+                obj = crs.store.get(f"bench-{node}") or {}
+                return (obj.get("status") or {}).get("phase")
+
+            empties = await _empty_watchers(http, others, ctx.timeout)
+            window = AuditWindow.open(b.sb)
+            if isinstance(op, Nmo):
+                counters = await op.metrics()
+            async with RssSampler(op.pid) as rss, _cancelling(empties):
+                started = time.monotonic()
+                await asyncio.gather(
+                    *(ok(http.post(NM, json=maintenance(f"bench-{n}", n))) for n in nodes)
+                )
+                created = time.monotonic()
+                done = await hub.wait(
+                    lambda: all(phase(n) == "Succeeded" for n in others),
+                    ctx.timeout,
+                    f"{len(others)} maintenances to succeed ({op.name})",
+                )
+                emptied = max(await asyncio.gather(*empties))
+            if isinstance(op, Nmo):
+                counters = metrics_delta(counters, await op.metrics())
+            await window.close(http)
+            held = crs.store.get(f"bench-{blocked}") or {}
+            status = held.get("status") or {}
+            details = status.get("pendingPodsDetails") or [{}]
+            figures = request_figures(window.tally(op.agent), crs=len(nodes))
+            record = {
+                f"{tool}_create_all_s": round(created - started, 2),
+                f"{tool}_others_succeeded_s": round(done - started, 2),
+                f"{tool}_others_empty_s": round(emptied - started, 2),
+                f"{tool}_blocked_phase": phase(blocked),
+                # nmo says why in pendingPodsDetails; the Go NMO has lastError only.
+                f"{tool}_blocked_reason": details[0].get("reason")
+                or str(status.get("lastError") or "")[:120],
+                **{f"{tool}_{k}": v for k, v in figures.items()},
+                f"{tool}_peak_rss_mib": round(rss.peak, 1),
+                f"{tool}_cpu_s": round(rss.cpu, 2),
+                f"{tool}_cpu_s_per_1000_pods": per_1000(rss.cpu, per * len(others)),
+            }
+            if counters:
+                record[f"{tool}_metrics"] = counters
+            for n in nodes:
+                await ok(http.delete(f"{NM}/bench-{n}"), 200, 202, 404)
+            await hub.wait(
+                lambda: not any(k.startswith("bench-conc-") for k in crs.store),
+                300,
+                f"the maintenances to be removed ({op.name})",
+            )
+    finally:
+        await op.stop()
+    await delete_namespace(http, ns)
+    return record
+
+
 async def concurrent(b: Bench) -> dict[str, Any]:
     http, count, per = b.http, b.opts.concurrent_nodes, b.opts.concurrent_pods
     ctx = b.ctx()
+    ctx.timeout = b.opts.concurrent_timeout
     nodes = [f"conc-{i}" for i in range(count)]
-    blocked, others = nodes[0], nodes[1:]
+    others = nodes[1:]
     replacements = per * count
     await make_spares(ctx, 3, capacity=max(1000, math.ceil(replacements / 3) + 100))
     await create_nodes(http, nodes)
     record: dict[str, Any] = {"part": "d", "nodes": count, "pods_per_node": per}
     try:
-        # nmo: all CRs at once, one node held by a PDB that never allows an eviction.
-        ns = "bench-conc-nmo"
-        await prepare_workload(ctx, ns, nodes, per, {"minAvailable": per})
-        hub = Hub()
-        nmo = Nmo(b.sb, b.work / "nmo-concurrent.log")
-        await nmo.start(timeout=1200)
-        try:
-            async with Mirror(http, NM, hub) as crs:
-
-                def phase(node: str) -> str | None:
-                    obj = crs.store.get(f"bench-{node}") or {}
-                    return (obj.get("status") or {}).get("phase")
-
-                empties = await _empty_watchers(http, others, ctx.timeout)
-                window = AuditWindow.open(b.sb)
-                counters = await nmo.metrics()
-                async with RssSampler(nmo.pid) as rss, _cancelling(empties):
-                    started = time.monotonic()
-                    await asyncio.gather(
-                        *(ok(http.post(NM, json=maintenance(f"bench-{n}", n))) for n in nodes)
-                    )
-                    created = time.monotonic()
-                    done = await hub.wait(
-                        lambda: all(phase(n) == "Succeeded" for n in others),
-                        ctx.timeout,
-                        f"{len(others)} maintenances to succeed",
-                    )
-                    emptied = max(await asyncio.gather(*empties))
-                counters = metrics_delta(counters, await nmo.metrics())
-                await window.close(http)
-                requests, verbs = window.count("nmo/")
-                held = crs.store.get(f"bench-{blocked}") or {}
-                details = (held.get("status") or {}).get("pendingPodsDetails") or [{}]
-                record |= {
-                    "nmo_create_all_s": round(created - started, 2),
-                    "nmo_others_succeeded_s": round(done - started, 2),
-                    "nmo_others_empty_s": round(emptied - started, 2),
-                    "blocked_phase": phase(blocked),
-                    "blocked_reason": details[0].get("reason"),
-                    "nmo_requests": requests,
-                    "nmo_requests_by_verb": verbs,
-                    "nmo_peak_rss_mib": round(rss.peak, 1),
-                    "nmo_cpu_s": round(rss.cpu, 2),
-                    "nmo_metrics": counters,
-                }
-                for n in nodes:
-                    await ok(http.delete(f"{NM}/bench-{n}"), 200, 202, 404)
-                await hub.wait(
-                    lambda: not any(k.startswith("bench-conc-") for k in crs.store),
-                    300,
-                    "the maintenances to be removed",
-                )
-        finally:
-            await nmo.stop()
-        await delete_namespace(http, ns)
+        for tool in b.opts.concurrent_tools:
+            figures = await _concurrent_operator(b, ctx, tool, nodes, per)
+            emit({"part": "d", "tool": tool, **figures})
+            record |= figures
 
         # The ceiling: the same 49 nodes refilled, drained concurrently over one client.
         ns = "bench-conc-ceiling"
@@ -437,8 +474,12 @@ async def concurrent(b: Bench) -> dict[str, Any]:
             "ceiling_s": round(ceiling_s, 2),
             "ceiling_slowest_node_s": round(max(r.seconds for r in results), 2),
             "ceiling_requests": window.count("raw-ceiling/")[0],
-            "nmo_over_ceiling": round(record["nmo_others_succeeded_s"] / ceiling_s, 2),
         }
+        for tool in b.opts.concurrent_tools:
+            took = record[f"{tool}_others_succeeded_s"]
+            record[f"{tool}_over_ceiling"] = round(took / ceiling_s, 2)
+            if tool != "gonmo" and "gonmo_others_succeeded_s" in record:
+                record[f"{tool}_over_gonmo"] = round(took / record["gonmo_others_succeeded_s"], 2)
         await delete_namespace(http, ns)
     finally:
         await delete_nodes(http, [*nodes, *ctx.spares])
@@ -477,16 +518,74 @@ def print_summary(out: dict[str, Any]) -> None:
         print("milestones (p50 after create):", lat["milestone_p50_ms"])
     big = out.get("c")
     if big:
-        print(f"\n(c) {big['pods']} pods on one node: {json.dumps(big)}")
+        print(f"\n(c) {big['pods']} pods on one node of the big cluster")
+        print(
+            f"{'tool':<8}  {'seconds':>8}  {'/ceiling':>8}  {'/gonmo':>7}  {'CPU-s':>7}  "
+            f"{'CPU-s/1000 pods':>15}  {'peak RSS(MiB)':>13}  {'requests':>8}  "
+            f"{'status writes/CR':>16}  {'refused evictions':>17}"
+        )
+        for tool in ("ceiling", *OPERATORS):
+            if f"{tool}_s" not in big:
+                continue
+            secs = big[f"{tool}_s"]
+
+            def fig(key: str, tool: str = tool) -> str:
+                value = big.get(f"{tool}_{key}")
+                return "-" if value is None else str(value)
+
+            print(
+                f"{tool:<8}  {secs:>8}  {_ratio(secs, big.get('ceiling_s')):>8}  "
+                f"{_ratio(secs, big.get('gonmo_s')):>7}  {fig('cpu_s'):>7}  "
+                f"{fig('cpu_s_per_1000_pods'):>15}  {fig('peak_rss_mib'):>13}  "
+                f"{fig('requests'):>8}  {fig('status_writes_per_cr'):>16}  "
+                f"{fig('refused_evictions'):>17}"
+            )
+        for tool in OPERATORS:
+            if f"{tool}_requests_by_verb" in big:
+                print(f"  {tool} requests by verb: {_verbs(big[f'{tool}_requests_by_verb'])}")
+        _cpu_verdict(big)
     conc = out.get("d")
     if conc:
         print(
             f"\n(d) {conc['nodes']} concurrent maintenances x {conc['pods_per_node']} pods, one "
-            f"PDB-blocked: nmo {conc['nmo_others_succeeded_s']} s until the others Succeeded "
-            f"(nodes empty at {conc['nmo_others_empty_s']} s), ceiling {conc['ceiling_s']} s, "
-            f"nmo/ceiling {conc['nmo_over_ceiling']}x; blocked: {conc['blocked_phase']} "
-            f"({conc['blocked_reason']}); nmo requests {conc['nmo_requests']}, "
-            f"peak RSS {conc['nmo_peak_rss_mib']} MiB, CPU {conc['nmo_cpu_s']} s"
+            f"PDB-blocked; the ceiling drains the others in {conc['ceiling_s']} s"
+        )
+        for tool in OPERATORS:
+            if f"{tool}_others_succeeded_s" not in conc:
+                continue
+
+            def d(key: str, tool: str = tool) -> Any:
+                return conc.get(f"{tool}_{key}")
+
+            over_go = f", {tool}/gonmo {d('over_gonmo')}x" if d("over_gonmo") is not None else ""
+            print(
+                f"{tool}: {d('others_succeeded_s')} s until the others Succeeded (nodes empty at "
+                f"{d('others_empty_s')} s), {tool}/ceiling {d('over_ceiling')}x{over_go}; "
+                f"blocked: {d('blocked_phase')} ({d('blocked_reason')}); requests "
+                f"{d('requests')}, status writes/CR {d('status_writes_per_cr')}, refused "
+                f"evictions {d('refused_evictions')}, peak RSS {d('peak_rss_mib')} MiB, "
+                f"CPU {d('cpu_s')} s ({d('cpu_s_per_1000_pods')} per 1000 pods)"
+            )
+            print(f"  {tool} requests by verb: {_verbs(d('requests_by_verb') or {})}")
+        _cpu_verdict(conc)
+
+
+def _verbs(verbs: dict[str, int]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in verbs.items()) or "none"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a is not None and b else "-"
+
+
+def _cpu_verdict(record: dict[str, Any]) -> None:
+    """The issue's target: nmo's CPU-seconds per 1,000 evicted pods <= the Go NMO's."""
+    nmo, go = record.get("nmo_cpu_s_per_1000_pods"), record.get("gonmo_cpu_s_per_1000_pods")
+    if nmo is not None and go:
+        met = "met" if nmo <= go else "MISSED"
+        print(
+            f"CPU-s per 1000 pods: nmo {nmo}, gonmo {go}, nmo/gonmo {_ratio(nmo, go)} "
+            f"(target <= 1: {met})"
         )
 
 
@@ -498,6 +597,10 @@ async def main(opts: argparse.Namespace) -> int:
     if "a" not in parts:
         steps = [opts.workload_pods]
     out: dict[str, Any] = {"a": []}
+    if ("c" in parts and "gonmo" in opts.drain_tools) or (
+        "d" in parts and "gonmo" in opts.concurrent_tools
+    ):  # built (or found cached) before the sandbox starts
+        print(f"the Go NMO: {go_nmo_binary()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="nmo-scale-bench-") as tmp:
         work = Path(tmp)
         async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=120) as http:
@@ -547,9 +650,26 @@ if __name__ == "__main__":
     parser.add_argument("--latency-crs", type=int, default=50)
     parser.add_argument("--drain-pods", type=int, default=500)
     parser.add_argument(
-        "--drain-tools", nargs="+", choices=["ceiling", "nmo"], default=["ceiling", "nmo"]
+        "--drain-tools",
+        nargs="+",
+        choices=["ceiling", "nmo", "gonmo"],
+        default=["ceiling", "nmo", "gonmo"],
+        help="part (c)'s tools, in this order",
     )
     parser.add_argument("--concurrent-nodes", type=int, default=50)
     parser.add_argument("--concurrent-pods", type=int, default=100)
+    parser.add_argument(
+        "--concurrent-tools",
+        nargs="+",
+        choices=list(OPERATORS),
+        default=list(OPERATORS),
+        help="part (d)'s operators, in this order (the ceiling always runs last)",
+    )
+    parser.add_argument(
+        "--concurrent-timeout",
+        type=float,
+        default=3600.0,
+        help="part (d): seconds each operator may take (the Go NMO drains one node at a time)",
+    )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(asyncio.run(main(parser.parse_args())))
