@@ -20,20 +20,38 @@ One sandbox, grown step by step (``--parts``, default all four):
     and time delete -> node uncordoned (no maintenance taints) and lease
     gone. Observed by watches on the CRs, leases and nodes (no polling).
     p50/p99 (nearest rank), plus the p50 of each milestone.
-(c) at the same step: ``--drain-pods`` (500) pods on one node, nmo vs the
-    raw ceiling (``ceiling.py``), each alone, cluster cleaned in between.
+(c) at the same step: ``--drain-pods`` (500) pods on one node, the raw
+    ceiling (``ceiling.py``), nmo and the Go NMO (``--drain-tools``), each
+    alone, cluster cleaned in between, as ``drain_bench.py`` drains: per
+    tool seconds, ratio to the ceiling and to the Go NMO, CPU-seconds (and
+    per 1,000 evicted pods), peak RSS, requests (by verb), status writes per
+    CR and refused evictions.
 (d) at the same step: ``--concurrent-nodes`` (50) NodeMaintenances created
     at once on nodes with ``--concurrent-pods`` (100) pods each, one node's
     pods behind a PDB with ``minAvailable`` = replicas (never allows an
-    eviction): time until the other 49 are Succeeded; then the same 49
-    nodes refilled and drained concurrently by the ceiling (one client, 100
-    connections shared by all nodes); ratio nmo/ceiling.
+    eviction): time until the other 49 are Succeeded, for nmo and then for
+    the Go NMO (``--concurrent-tools``; each in a fresh namespace, CRs
+    deleted in between; neither ever finishes the blocked node, the Go NMO
+    spends a 30 s drain pass on it again and again, one reconcile at a time,
+    hence ``--concurrent-timeout``, 3600 s); then the same 49 nodes
+    refilled and drained concurrently by the ceiling (one client, 100
+    connections shared by all nodes); ratios to the ceiling and nmo/gonmo,
+    and the same figures as (c) (status writes per CR over all 50 CRs,
+    CPU per 1,000 pods over the 49 nodes' pods).
+
+The Go NMO is ``benchlib.GoNmo``: its manager built from
+``../shared/third_party`` by ``hack/go-nmo-bin.sh manager`` (``make
+go-nmo-bin``), run out of cluster as the sandbox admin.
 
 Quick run: ``.venv/bin/python benchmarks/scale_bench.py --pods 0 2000
---workload-pods 2000 --nodes 100 --latency-crs 10``. Full run: ``make
-bench-scale`` (20,000 pods: creating them takes several minutes on 2 cores).
-The whole control plane, nmo and the benchmark share the machine's cores:
-figures are noisy, compare ratios within one run.
+--workload-pods 2000 --nodes 100 --latency-crs 10``, or parts (c) and (d)
+alone, small: ``--parts c d --workload-pods 2000 --drain-pods 200
+--concurrent-nodes 5 --concurrent-pods 20``. Full run: ``make bench-scale``
+(it builds the sandbox binaries and the Go NMO's manager first, cached in
+``~/.cache/nmo``; 20,000 pods: creating them takes several minutes on 2
+cores). The whole control plane, the operators and the benchmark share the
+machine's cores: figures are noisy, compare ratios within one run, and never
+run two benchmarks at once (``flock /tmp/nmo-bench.lock make bench-scale``).
 """
 
 from __future__ import annotations
