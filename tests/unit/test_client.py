@@ -12,6 +12,7 @@ import respx
 
 from nmo.kube.client import Kube, RetryPolicy, _widen_pool, api_path, parse_retry_after
 from nmo.kube.errors import AlreadyExists, Conflict, Forbidden, NotFound, TooManyRequests, Transient
+from nmo.kube.transport import Transport
 
 NODE = "/api/v1/nodes/n1"
 
@@ -151,9 +152,11 @@ async def test_the_pool_fits_the_watches_and_keeps_a_connection_per_request_slot
     await api._create_session()  # what kr8s does on first use
     limits = httpx.Limits(max_connections=640, max_keepalive_connections=128)
     await _widen_pool(api, limits)
-    pool = api._session._transport._pool
-    assert (pool._max_connections, pool._max_keepalive_connections) == (640, 128)
+    pool = api._session._transport
+    assert isinstance(pool, Transport)
+    assert (pool.max_connections, pool.max_keepalive, pool.keepalive_expiry) == (640, 128, 5.0)
     # kr8s rebuilds its client after a 401/403: the rebuilt one is widened too
     await api._create_session()
-    pool = api._session._transport._pool
-    assert (pool._max_connections, pool._max_keepalive_connections) == (640, 128)
+    rebuilt = api._session._transport
+    assert rebuilt is not pool and isinstance(rebuilt, Transport)
+    assert (rebuilt.max_connections, rebuilt.max_keepalive) == (640, 128)

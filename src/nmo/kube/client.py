@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+import ssl
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from nmo.kube.errors import (
     Transient,
     error_for_status,
 )
+from nmo.kube.transport import Transport
 
 log = logging.getLogger("nmo.kube")
 
@@ -180,14 +182,16 @@ MAX_STREAMS = 512  # watches: three kinds plus one per node under maintenance
 
 
 async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
-    """Give kr8s's shared httpx client a pool that fits nmo's watches.
+    """Give kr8s's shared httpx client nmo's transport, sized for its watches.
 
     kr8s 0.20 builds its client with httpx's default pool (100 connections,
     20 kept alive, no pool timeout), so 100 open watches would starve every
     request and a burst of evictions would keep reconnecting. nmo watches the
     pods of each node under maintenance, so the pool is sized for bounded
     requests plus :data:`MAX_STREAMS`, and keeps a connection per request
-    slot alive. kr8s rebuilds the client
+    slot alive. The transport is :class:`nmo.kube.transport.Transport`
+    (httpx's own costs several times its CPU per request under load), or
+    httpx's when the kubeconfig names a proxy. kr8s rebuilds the client
     after a 401/403, so its builder is wrapped, not just the current client.
     """
     build = getattr(api, "_create_session", None)
@@ -197,20 +201,36 @@ async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
     async def create_session() -> None:
         await build()
         old = api._session
+        verify = await api.auth.ssl_context()
+        proxy = api.auth.proxy
+        transport = None
+        if not proxy:
+            transport = Transport(
+                ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
+                max_connections=_bound(limits.max_connections),
+                max_keepalive=_bound(limits.max_keepalive_connections),
+                keepalive_expiry=_bound(limits.keepalive_expiry),
+            )
         api._session = httpx.AsyncClient(
             base_url=old.base_url,
             headers=old.headers,
-            verify=await api.auth.ssl_context(),
+            verify=verify,
             timeout=old.timeout,
             follow_redirects=True,
-            proxy=api.auth.proxy,
+            proxy=proxy,
             limits=limits,
+            transport=transport,
         )
         await old.aclose()
 
     create_session._nmo_widened = True  # type: ignore[attr-defined]
     api._create_session = create_session
     await create_session()
+
+
+def _bound(value: float | None) -> float:
+    """An httpx limit as a number (httpx's None: no limit)."""
+    return float("inf") if value is None else value
 
 
 def nm_path(name: str | None = None, subresource: str | None = None) -> str:

@@ -1,0 +1,267 @@
+"""nmo.kube.transport against a real HTTP/1.1 server on loopback (no mocks).
+
+The server answers by path: ``/echo`` (the body back, keep-alive), ``/close``
+(``Connection: close``), ``/bye`` (keep-alive headers, then it hangs up),
+``/hold`` (answers once the test says so), ``/hangup`` (no answer),
+``/partial`` (a body cut short), ``/stream`` (a chunked body in three
+chunks, the last once the test says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import kr8s
+import pytest
+import respx
+
+from nmo.kube.client import Kube, _widen_pool
+from nmo.kube.transport import Transport
+
+
+class Server:
+    def __init__(self) -> None:
+        self.connections = 0
+        self.requests: list[tuple[str, bytes]] = []
+        self.release = asyncio.Event()
+        self.hung_up = asyncio.Event()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                path = lines[0].split(" ")[1]
+                length = next(
+                    (int(h.split(":")[1]) for h in lines if h.lower().startswith("content-length")),
+                    0,
+                )
+                body = await reader.readexactly(length) if length else b""
+                self.requests.append((path, body))
+                if not await self._answer(path, body, writer):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+    async def _answer(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        """Write the answer; False: the connection ends here."""
+        if path == "/hangup":
+            return False
+        if path == "/partial":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            await writer.drain()
+            return False
+        if path == "/stream":
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"6\r\nline1\n\r\n6\r\nline2\n\r\n")
+            await writer.drain()
+            await self.release.wait()
+            writer.write(b"6\r\nline3\n\r\n0\r\n\r\n")
+            await writer.drain()
+            return True
+        if path == "/hold":
+            await self.release.wait()
+        close = path == "/close"
+        payload = body or path.encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (len(payload), b"Connection: close\r\n" if close else b"", payload)
+        )
+        await writer.drain()
+        if path == "/bye":
+            writer.close()
+            await writer.wait_closed()
+            self.hung_up.set()
+            return False
+        return not close
+
+
+@contextlib.asynccontextmanager
+async def client(**limits: float) -> AsyncIterator[tuple[Server, httpx.AsyncClient, Transport]]:
+    args = {"max_connections": 10.0, "max_keepalive": 10.0, "keepalive_expiry": 5.0} | limits
+    transport = Transport(ssl_context=None, **args)
+    async with (
+        Server() as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
+        yield server, http, transport
+
+
+async def test_requests_share_one_kept_alive_connection() -> None:
+    async with client() as (server, http, transport):
+        for i in range(5):
+            resp = await http.post("/echo", content=f"body {i}".encode())
+            assert (resp.status_code, resp.text) == (200, f"body {i}")
+            assert resp.http_version == "HTTP/1.1"
+        assert server.connections == transport.connections_opened == 1
+        assert [b for _, b in server.requests] == [f"body {i}".encode() for i in range(5)]
+
+
+async def test_concurrent_requests_open_at_most_max_connections() -> None:
+    async with client(max_connections=3) as (server, http, transport):
+        answers = await asyncio.gather(*(http.get("/echo") for _ in range(20)))
+        assert all(a.text == "/echo" for a in answers)
+        assert 1 <= server.connections <= 3
+        assert transport.open_connections <= 3
+
+
+async def test_a_request_past_the_cap_waits_for_the_pool_timeout() -> None:
+    async with client(max_connections=1, max_keepalive=1) as (server, http, transport):
+        held = asyncio.create_task(http.get("/hold"))
+        while not server.requests:  # the held request is on the only connection
+            await server_turn()
+        with pytest.raises(httpx.PoolTimeout):
+            await http.get("/echo", timeout=httpx.Timeout(5.0, pool=0.05))
+        server.release.set()
+        assert (await held).text == "/hold"
+        # The connection came back: the next request takes it.
+        assert (await http.get("/echo")).text == "/echo"
+        assert server.connections == transport.connections_opened == 1
+
+
+async def server_turn() -> None:
+    """Let the event loop run the server's side once (no clock involved)."""
+    done = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(done.set_result, None)
+    await done
+
+
+async def test_connection_close_is_honoured() -> None:
+    async with client() as (server, http, transport):
+        assert (await http.get("/close")).text == "/close"
+        assert (await http.get("/echo")).text == "/echo"
+        assert server.connections == transport.connections_opened == 2
+        assert transport.open_connections == 1
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    async with client() as (server, http, transport):
+        assert (await http.get("/bye")).text == "/bye"
+        await server.hung_up.wait()
+        (idle,) = transport._idle[("http", "127.0.0.1", server.port)]
+        assert await asyncio.wait_for(idle.reader.read(), 5) == b""  # the client saw the EOF
+        assert (await http.get("/echo")).text == "/echo"  # on a new connection, no error
+        assert server.connections == transport.connections_opened == 2
+
+
+async def test_an_idle_connection_past_its_expiry_is_not_reused() -> None:
+    async with client(keepalive_expiry=0.0) as (server, http, transport):
+        await http.get("/echo")
+        await http.get("/echo")
+        assert server.connections == transport.connections_opened == 2
+        assert transport.open_connections == 1
+
+
+async def test_idle_connections_beyond_max_keepalive_are_closed() -> None:
+    async with client(max_keepalive=1) as (_server, http, transport):
+        await asyncio.gather(*(http.get("/echo") for _ in range(4)))
+        assert transport.open_connections == 1
+
+
+async def test_a_streamed_body_arrives_in_chunks_and_gives_the_connection_back() -> None:
+    async with client() as (server, http, _transport):
+        lines: list[str] = []
+        async with http.stream("GET", "/stream") as resp:
+            async for line in resp.aiter_lines():
+                lines.append(line)
+                if len(lines) == 2:
+                    server.release.set()
+        assert lines == ["line1", "line2", "line3"]
+        assert (await http.get("/echo")).text == "/echo"
+        assert server.connections == 1
+
+
+async def test_a_stream_closed_early_closes_its_connection() -> None:
+    async with client() as (server, http, transport):
+        async with http.stream("GET", "/stream") as resp:
+            async for _ in resp.aiter_lines():
+                break  # a cancelled watch
+        assert transport.open_connections == 0
+        server.release.set()
+        assert (await http.get("/echo")).text == "/echo"
+        assert server.connections == 2
+
+
+async def test_no_answer_is_a_remote_protocol_error() -> None:
+    async with client() as (_server, http, transport):
+        with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+            await http.get("/hangup")
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.get("/partial")
+        assert transport.open_connections == 0
+
+
+async def test_a_slow_answer_is_a_read_timeout_and_its_connection_is_dropped() -> None:
+    async with client() as (server, http, transport):
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get("/hold", timeout=httpx.Timeout(5.0, read=0.05))
+        assert transport.open_connections == 0
+        server.release.set()
+
+
+async def test_nothing_listening_is_a_connect_error() -> None:
+    async with Server() as server:
+        port = server.port
+    transport = Transport(ssl_context=None, max_connections=2, max_keepalive=2)
+    async with httpx.AsyncClient(transport=transport) as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(f"http://127.0.0.1:{port}/echo")
+    assert transport.open_connections == 0
+
+
+async def test_a_closed_transport_takes_no_request() -> None:
+    async with client() as (_server, http, transport):
+        await http.get("/echo")
+        await transport.aclose()
+        assert transport.open_connections == 0
+        with pytest.raises(RuntimeError, match="closed"):
+            await http.get("/echo")
+
+
+async def test_a_kubeconfig_with_a_proxy_keeps_httpxs_transport(
+    api_server: respx.MockRouter,
+) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "t",
+                "cluster": {
+                    "server": "https://k8s.test:6443",
+                    "insecure-skip-tls-verify": True,
+                    "proxy-url": "http://proxy.test:3128",
+                },
+            }
+        ],
+        "users": [{"name": "t", "user": {"token": "t"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
+        "current-context": "t",
+    }
+    api = await kr8s.asyncio.api(kubeconfig=config)  # type: ignore[arg-type]
+    await api._create_session()
+    await _widen_pool(api, httpx.Limits(max_connections=4, max_keepalive_connections=2))
+    assert api._session is not None
+    assert not isinstance(api._session._transport, Transport)
+    await Kube(api).close()
