@@ -17,6 +17,7 @@ import respx
 
 from nmo.controller.evictor import Evictor
 from nmo.controller.memory import Memory
+from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainstate import Survey, survey
 from nmo.kube.client import Kube
 from nmo.telemetry.metrics import Metrics
@@ -258,3 +259,63 @@ async def test_without_retry_after_the_cap_holds(api_server: respx.MockRouter, k
     record, _, _ = await drive(kube, [pod("p")])
     report = look(record, [pod("p")]).report
     assert report.next_wake is not None and report.next_wake <= 15
+
+
+# -- a refusal is recorded with the PDB's status it was sent against (issue 22) ------
+
+
+def web_pdb(healthy: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "web-pdb", "namespace": "ns"},
+        "status": {"disruptionsAllowed": 0, "currentHealthy": healthy, "desiredHealthy": 2},
+    }
+
+
+async def test_a_pdb_refusal_records_when_and_against_which_status(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    cache: dict[str, dict[str, Any]] = {"ns/web-pdb": web_pdb(2)}
+    seen_by_server: list[int] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        # The PDB changes while this eviction is in flight: the refusal stands
+        # against the status the eviction was sent with, so the change counts.
+        seen_by_server.append(cache["ns/web-pdb"]["status"]["currentHealthy"])
+        cache["ns/web-pdb"] = web_pdb(1)
+        return PDB_429
+
+    api_server.post(eviction("p")).mock(side_effect=refuse)
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
+    evictor = Evictor(
+        kube, max_parallel=2, on_change=lambda _n: None, metrics=Metrics(), budgets=cache.get
+    )
+    before = asyncio.get_running_loop().time()
+    evictor.start(record, (pod("p"),))
+    await asyncio.wait_for(asyncio.gather(*record.evictions), 5)
+    state = record.drain["ns/p"]
+    assert state.pdb == "web-pdb" and state.refused_at is not None and state.refused_at >= before
+    # First attempt: no PDB was named yet, the status is read at the answer.
+    assert state.budget_seen == status_key(web_pdb(1))
+    # Second attempt: sent against the cached status of the PDB that refused it.
+    cache["ns/web-pdb"] = web_pdb(2)
+    evictor.start(record, (pod("p"),))
+    await asyncio.wait_for(asyncio.gather(*record.evictions), 5)
+    assert state.budget_seen == status_key(web_pdb(2)), "the status it was sent against"
+    assert status_key(cache["ns/web-pdb"]) != state.budget_seen, "so the change is seen"
+
+
+async def test_a_conflict_leaves_no_standing_refusal(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    api_server.post(eviction("p")).mock(
+        side_effect=[PDB_429, httpx.Response(409, json={"reason": "Conflict", "message": "x"})]
+    )
+    record = Memory(uid="uid-nm-1", name="nm-1", node="n1")
+    evictor = Evictor(kube, max_parallel=2, on_change=lambda _n: None, metrics=Metrics())
+    for _ in range(2):
+        evictor.start(record, (pod("p"),))
+        await asyncio.wait_for(asyncio.gather(*record.evictions), 5)
+    state = record.drain["ns/p"]
+    assert state.refused_at is None and state.reason == "DisruptionBudget"  # shown as before
+    assert state.budget_seen is None, "no PDB cache: nothing to compare, backoff decides"
+    assert look(record, [pod("p")]).report.next_wake is not None

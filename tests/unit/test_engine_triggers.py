@@ -25,33 +25,33 @@ def _blocked(pdb: str, seconds_ago: int) -> PodDrainState:
     return PodDrainState(uid="u", reason=REASON_PDB, pdb=pdb, since=since, next_attempt=1e9)
 
 
-def _pdb(name: str, allowed: int, namespace: str = "app") -> dict[str, object]:
+def _pdb(name: str, allowed: int, namespace: str = "app", healthy: int = 3) -> dict[str, object]:
     return {
         "metadata": {"name": name, "namespace": namespace},
-        "status": {"disruptionsAllowed": allowed},
+        "status": {"disruptionsAllowed": allowed, "currentHealthy": healthy},
     }
 
 
-async def test_a_pdb_that_allows_disruptions_unblocks_its_longest_waiting_pods(
+async def test_a_pdb_whose_status_changes_wakes_the_maintenances_it_holds(
     api_server: respx.MockRouter, kube: Kube
 ) -> None:
     engine = _engine(kube)
-    record = engine.memories.recall("uid-nm-1", "nm-1", "n1")
-    record.drain.update(
-        {
-            "app/a": _blocked("web", 10),
-            "app/b": _blocked("web", 30),
-            "app/c": _blocked("web", 20),
-            "app/d": _blocked("db", 40),
-            "other/e": _blocked("web", 50),  # same PDB name, another namespace
-        }
+    held = engine.memories.recall("uid-nm-1", "nm-1", "n1")
+    held.drain.update({"app/a": _blocked("web", 10), "app/d": _blocked("db", 40)})
+    other = engine.memories.recall("uid-nm-2", "nm-2", "n2")
+    other.drain["other/e"] = _blocked("web", 50)  # same PDB name, another namespace
+    before = {k: (s.next_attempt, s.reason) for k, s in held.drain.items()}
+    engine._on_pdb("MODIFIED", _pdb("web", 0), _pdb("web", 0))
+    assert len(engine.queue) == 0, "a PDB whose status did not change wakes nobody"
+    engine._on_pdb("MODIFIED", _pdb("web", 0, healthy=2), _pdb("web", 0, healthy=3))
+    assert len(engine.queue) == 1, "any change of its status: the planner decides what goes"
+    engine._on_pdb("MODIFIED", _pdb("web", 1), _pdb("web", 0))
+    assert len(engine.queue) == 1  # nm-1 once; nm-2's pod is in another namespace
+    engine._on_pdb("DELETED", _pdb("db", 0), None)
+    assert len(engine.queue) == 1, "nm-1 is queued already"
+    assert {k: (s.next_attempt, s.reason) for k, s in held.drain.items()} == before, (
+        "the engine wakes; it changes no drain state"
     )
-    engine._on_pdb("MODIFIED", _pdb("web", 0), None)
-    assert len(engine.queue) == 0, "a PDB that allows nothing wakes nobody"
-    engine._on_pdb("MODIFIED", _pdb("web", 2), None)
-    due = sorted(k for k, s in record.drain.items() if s.next_attempt == 0.0)
-    assert due == ["app/b", "app/c"]  # the two that waited longest, in web's namespace
-    assert len(engine.queue) == 1
 
 
 async def test_the_last_pod_leaving_wakes_the_maintenance_at_once(

@@ -454,6 +454,21 @@ def test_a_bad_status_heartbeat_is_refused(value: str, capsys: pytest.CaptureFix
     assert "argument --status-heartbeat: " in capsys.readouterr().err
 
 
+def test_pdb_recheck_interval_defaults_to_a_minute_and_takes_seconds() -> None:
+    assert settings_from(parse([])).engine.plan.pdb_recheck == 60.0
+    assert settings_from(parse(["--pdb-recheck-interval", "5"])).engine.plan.pdb_recheck == 5.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_bad_pdb_recheck_interval_is_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--pdb-recheck-interval", value])
+    assert exited.value.code == 2
+    assert "argument --pdb-recheck-interval: " in capsys.readouterr().err
+
+
 # -- a pod spec that gives only args (the Go image's entry point is the operator)
 
 

@@ -518,16 +518,26 @@ def test_a_duplicate_leaves_without_touching_node_or_lease() -> None:
 # -- status writes -----------------------------------------------------------
 
 
-def _running_with(pending: list[str]) -> NodeMaintenance:
-    return nm_obj(
-        phase=Phase.RUNNING,
-        status={
-            "evictionPods": 3,
-            "totalpods": 3,
-            "drainProgress": 0,
-            "pendingPods": pending,
-        },
-    )
+def _running_with(pending: list[str], drained: str | None = "Draining") -> NodeMaintenance:
+    """Running, with the Drained condition at ``drained`` (None: none yet)."""
+    status: Obj = {
+        "evictionPods": 3,
+        "totalpods": 3,
+        "drainProgress": 0,
+        "pendingPods": pending,
+        "drainStartTime": "2026-12-01T11:59:50Z",
+    }
+    if drained is not None:
+        status["conditions"] = [
+            {
+                "type": c.CONDITION_DRAINED,
+                "status": "False",
+                "reason": drained,
+                "message": f"{len(pending)} pods pending",
+                "lastTransitionTime": "2026-12-01T11:59:50Z",
+            }
+        ]
+    return nm_obj(phase=Phase.RUNNING, status=status)
 
 
 @pytest.mark.parametrize(("ago", "writes"), [(None, True), (0.3, False), (1.5, True)])
@@ -539,6 +549,61 @@ def test_progress_is_written_at_most_once_per_interval(ago: float | None, writes
     if not writes:
         assert ago is not None and plan.result.requeue_after is not None
         assert plan.result.requeue_after <= policy.SETTINGS.status_interval - ago + 1e-9
+    else:
+        assert plan.status is not None and plan.status.drain_progress == 66
+
+
+REFUSED = PodDrainState(
+    uid="u-a", since=SINCE, reason=REASON_PDB, message="needs 3", pdb="web", next_attempt=1e9
+)
+
+
+@pytest.mark.parametrize(
+    ("before", "drain", "timeout", "after"),
+    [
+        ("Draining", {"app/a": REFUSED}, None, "Blocked"),  # a PDB refused the last pod
+        ("Blocked", {}, None, "Draining"),  # the refused pod is being evicted again
+        ("Blocked", {"app/a": REFUSED}, 5, "TimedOut"),  # the deadline passed
+        (None, {}, None, "Draining"),  # the condition's first appearance
+    ],
+)
+def test_a_transition_is_written_at_once_within_the_interval(
+    before: str | None, drain: dict[str, PodDrainState], timeout: int | None, after: str
+) -> None:
+    nm = _running_with(["a"], drained=before)
+    if timeout is not None:
+        nm = nm.model_copy(update={"spec": nm.spec.model_copy(update={"drain": None})})
+        settings = replace(policy.SETTINGS, drain_timeout=timeout)
+    else:
+        settings = policy.SETTINGS
+    recall = Recall(lease_held=True, status_written_ago=0.05)
+    plan = planner.plan(observed(nm, pods=(pod("a"),), drain=drain, recall=recall), settings)
+    assert plan.status is not None, f"{before} -> {after} held back by the interval"
+    cond = transitions.condition(plan.status, c.CONDITION_DRAINED)
+    assert cond is not None and cond.reason == after
+    # The same state once more, still within the interval: progress only, held.
+    raw = nm.model_dump(mode="json", by_alias=True)
+    raw["status"] = plan.status.to_api()
+    again = planner.plan(
+        observed(NodeMaintenance.from_api(raw), pods=(pod("a"), pod("b")), drain=drain,
+                 recall=recall),
+        settings,
+    )  # fmt: skip
+    assert again.status is None, "a pod more pending is progress, not a transition"
+    assert again.result.requeue_after is not None and again.result.requeue_after <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "moves"),
+    [
+        ({"phase": "Running"}, {"phase": "Succeeded"}, True),
+        ({"phase": "Running", "drainProgress": 1}, {"phase": "Running", "drainProgress": 5}, False),
+        ({"phase": "Running", "lastError": "x"}, {"phase": "Running", "lastError": "y"}, False),
+    ],
+)  # fmt: skip
+def test_what_counts_as_a_transition(a: Obj, b: Obj, moves: bool) -> None:
+    before, after = nm_obj(status=a).status, nm_obj(status=b).status
+    assert transitions.transition(before, after) is moves
 
 
 def test_completion_is_never_held_back_by_the_interval() -> None:

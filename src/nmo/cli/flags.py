@@ -101,6 +101,14 @@ def add_run_parser(sub: Subparsers) -> None:
         help="minimum seconds between drain status writes per CR",
     )
     eng.add_argument(
+        "--pdb-recheck-interval",
+        type=_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a PodDisruptionBudget that refused an eviction is asked again when its "
+        "status changes, and otherwise this often, one pod per PDB (default 60)",
+    )
+    eng.add_argument(
         "--status-heartbeat",
         type=_positive_float,
         default=60.0,

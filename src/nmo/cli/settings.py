@@ -157,6 +157,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         budget_namespace=args.budget_namespace,
         plan=PlanSettings(
             status_interval=args.status_interval,
+            pdb_recheck=args.pdb_recheck_interval,
             heartbeat=args.status_heartbeat,
             drain_timeout=args.drain_timeout,
             on_timeout=OnTimeout(args.drain_on_timeout),

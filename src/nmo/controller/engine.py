@@ -6,7 +6,7 @@ queue; N workers run :class:`Reconciler` passes concurrently, never the same
 key twice at once. The pods of a node are watched only while it is under
 maintenance (field selector ``spec.nodeName=<node>``), by a watch its memory
 record owns; PodDisruptionBudgets are watched while leading, so a pod held
-by a PDB is retried the moment the PDB allows a disruption.
+by a PDB is retried the moment the PDB's status changes, and not before.
 
 What runs where is declared in :meth:`Engine.runnables`: the caches the
 webhook answers from run on every replica; the workers, the resync and the
@@ -44,8 +44,9 @@ from nmo.controller.reconciler import NM_PATH, Ports, Reconciler
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.core.maintenance.admission import BudgetSettings, unavailable
+from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainplan import blocked_since
-from nmo.core.maintenance.drainstate import blocked_by
+from nmo.core.maintenance.drainstate import names_budget
 from nmo.core.maintenance.policy import PlanSettings
 from nmo.kube import slim
 from nmo.kube.access import Access
@@ -145,6 +146,7 @@ class Engine:
             on_change=self._wake,
             metrics=metrics,
             access=Access(kube),
+            budgets=self.pdbs.get,
         )
         self.budget: FleetLedger | None = None
         if settings.budget.enabled:
@@ -288,17 +290,17 @@ class Engine:
         # sees all the changes of that window.
         self.queue.add_after(record.name, self.settings.pod_event_debounce)
 
-    def _on_pdb(self, _event: str, obj: Obj, _old: Obj | None) -> None:
+    def _on_pdb(self, event: str, obj: Obj, old: Obj | None) -> None:
+        """A PDB's status changed: the maintenances it held plan again at once (the
+        planner decides which pods go, :mod:`nmo.core.maintenance.pdbgate`)."""
         if not self.leading:
             return
-        allowed = int((obj.get("status") or {}).get("disruptionsAllowed") or 0)
-        if allowed <= 0:
-            return
+        if event == "MODIFIED" and old is not None and status_key(old) == status_key(obj):
+            return  # the eviction API would answer as before
         meta = obj["metadata"]
+        namespace, name = str(meta.get("namespace")), str(meta["name"])
         for record in self.memories:
-            keys = blocked_by(record.drain, str(meta.get("namespace")), str(meta["name"]), allowed)
-            if keys:
-                self.evictor.unblock(record, keys)
+            if names_budget(record.drain, namespace, name):
                 self.queue.add(record.name)
 
     def _watch_pods(self, record: Memory) -> None:

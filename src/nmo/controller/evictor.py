@@ -8,9 +8,12 @@ maintenance's memory record, sets when to try again (capped jittered
 backoff; a server's Retry-After, header or ``details.retryAfterSeconds``, is
 honoured even beyond the cap, up to ``max_retry_after``, since no worker waits
 for it) and wakes the CR. Pod deletions are observed by the
-node's pod watch, never polled; a pod held by a PodDisruptionBudget is
-retried as soon as the PDB allows a disruption again (the engine watches
-PDBs and calls :meth:`Evictor.unblock`), the backoff being only a fallback.
+node's pod watch, never polled. A 429 from a PodDisruptionBudget is recorded
+with the time and that PDB's status as the PDB cache showed it when the
+eviction was sent (``refused_at``, ``budget_seen``): the planner holds the
+pod while that status stands (:mod:`nmo.core.maintenance.pdbgate`) and the
+engine wakes the maintenance when the PDB changes; the backoff is only the
+fallback for a PDB the cache does not have.
 
 Eviction answers (kubectl's drain helper semantics): 2xx evicted; 404 gone;
 429 a PodDisruptionBudget forbids it now; 409 the PDB's status changed under
@@ -41,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.controller.memory import DeletionRefused, Memory
+from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainstate import (
     REASON_ERROR,
     REASON_EVICTING,
@@ -110,8 +114,10 @@ class Evictor:
         max_retry_after: float = MAX_RETRY_AFTER,
         access: Access | None = None,
         forbidden_retry: float = FORBIDDEN_RETRY,
+        budgets: Callable[[str], Pod | None] | None = None,
     ) -> None:
         self.kube = kube
+        self.budgets = budgets  # the PDB cache: "namespace/name" -> slim PDB
         self.access = access  # may nmo delete pods (lifts a refused deletion)
         self.forbidden_retry = forbidden_retry
         self.on_change = on_change  # called with the CR name after every answer
@@ -300,12 +306,14 @@ class Evictor:
         refusal.pods.add(key)
         self._blocked(state, REASON_ERROR, refusal.message)
 
-    def unblock(self, record: Memory, keys: list[str]) -> None:
-        """The PDB now allows disruptions: make these pods due at once."""
-        for key in keys:
-            state = record.drain.get(key)
-            if state is not None:
-                state.next_attempt = 0.0
+    def _budget_status(
+        self, namespace: str, name: str | None
+    ) -> tuple[tuple[str, str], ...] | None:
+        """The PDB's status as the cache shows it now (None: unnamed, or not cached)."""
+        if name is None or self.budgets is None:
+            return None
+        pdb = self.budgets(f"{namespace}/{name}")
+        return None if pdb is None else status_key(pdb)
 
     def _backoff(self, state: PodDrainState, retry_after: float | None, base: float) -> None:
         wait = backoff.delay(
@@ -349,6 +357,9 @@ class Evictor:
         }
         outcome = "error"
         where = f"error when evicting pods/{name} -n {ns}"
+        # What the eviction is sent against: the status of the PDB that refused
+        # the pod last time, as the cache shows it now.
+        asked, seen = state.pdb, self._budget_status(ns, state.pdb)
         try:
             async with self._slots:
                 self.evictions_started += 1
@@ -375,18 +386,17 @@ class Evictor:
         except TooManyRequests as exc:
             outcome = "pdb_blocked"
             detail = "; ".join(str(c.get("message", "")) for c in exc.causes if c.get("message"))
-            self._note(
-                record,
-                key,
-                state,
-                REASON_PDB,
-                f"{exc.message} {detail}".strip(),
-                pdb_from_error(exc),
+            pdb = pdb_from_error(exc)
+            self._note(record, key, state, REASON_PDB, f"{exc.message} {detail}".strip(), pdb)
+            state.refused_at = asyncio.get_running_loop().time()
+            state.budget_seen = (
+                seen if pdb == asked and seen is not None else self._budget_status(ns, pdb)
             )
             self._backoff(state, exc.retry_after, self.base_backoff)
         except Conflict as exc:
             # Concurrent evictions behind one PDB race on its status: try again soon.
             outcome = "conflict"
+            state.refused_at = None  # no refusal stands: retried after its backoff
             if state.reason != REASON_PDB:
                 self._note(record, key, state, REASON_WAITING, f"{where}: {exc.message}")
             self._backoff(state, None, self.conflict_backoff)

@@ -207,6 +207,18 @@ def budgets_for(pods: Iterable[Pod], pdbs: Iterable[Obj]) -> Budgets:
     return Budgets(coverage=tuple(coverage), shared=shared)
 
 
+def status_key(pdb: Obj) -> tuple[tuple[str, str], ...]:
+    """A PDB's status as a comparable value (plus its generation): what a refusal
+    was decided against. Two equal keys mean the eviction API would answer the
+    same; any change of a figure, of ``observedGeneration`` or of the spec's
+    generation makes them differ. Only the fields the cache keeps count."""
+    st = pdb.get("status") or {}
+    meta = pdb.get("metadata") or {}
+    items = [(str(k), str(v)) for k, v in st.items() if not isinstance(v, (dict, list))]
+    items.append((".generation", str(meta.get("generation", ""))))
+    return tuple(sorted(items))
+
+
 def shared_text(shared: Shared) -> str:
     names = ", ".join(shared.budgets)
     return (

@@ -7,7 +7,8 @@ the clocks, and says:
 
 * which pods are due for an eviction now: only those of the lowest drain
   order still on the node (a later order starts once every pod of the
-  earlier ones has left, including the ``wait-completed`` pods);
+  earlier ones has left, including the ``wait-completed`` pods), and none
+  that a PodDisruptionBudget which refused it still holds (:mod:`.pdbgate`);
 * which pods are deleted now because the deadline is near
   (``onTimeout: Delete``): from ``deadline - the pod's grace period`` on,
   each remaining pod is deleted once with its own grace period (at least
@@ -32,6 +33,7 @@ from typing import Any
 
 from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, NodeMaintenance, OnTimeout
+from nmo.core.maintenance import pdbgate
 from nmo.core.maintenance.drainstate import (
     ERROR_REASONS,
     REASON_INVALID_RULE,
@@ -153,10 +155,16 @@ def plan_drain(
     now: datetime,
     critical_last: bool = False,
     rules: RulesFrom = no_pod_rules,
+    pdb_recheck: float = pdbgate.RECHECK,
 ) -> DrainPlan:
     """One pass of the node's drain (see the module docstring; ``rules``: the
-    namespaces whose pods' drain rules the selection honoured)."""
+    namespaces whose pods' drain rules the selection honoured; ``pdb_recheck``:
+    how often a PDB that stands in the way is asked again, :mod:`.pdbgate`)."""
     hold, _ = _hold(selection, critical_last=critical_last, rules=rules)
+    gate = pdbgate.gate(
+        selection.evict, states, pdbs, tick=tick, recheck=pdb_recheck, skip=hold.keys()
+    )
+    shown = {**states, **gate.shown} if gate.shown else states
     waited = [
         (p, REASON_WAIT_COMPLETED, "labelled wait-completed: waiting for it to complete")
         for p in selection.wait
@@ -167,16 +175,20 @@ def plan_drain(
         for p in selection.ignored
     }
     drain = survey(
-        states,
+        shown,
         selection.evict,
         tick=tick,
         now=now,
         hold=hold,
         waited=waited,
         remarks=remarks,
+        gated=gate.held,
+        released=gate.released,
     )
     pending = len(drain.report.pending)
     wake = drain.report.next_wake
+    if gate.wake is not None:
+        wake = gate.wake if wake is None else min(wake, gate.wake)
     force: list[tuple[Pod, int]] = []
     timed_out = False
     if deadline.at is not None and pending:
@@ -198,7 +210,7 @@ def plan_drain(
                 else:
                     wake = until if wake is None else min(wake, until)
     condition = drained_condition(
-        selection, states, pdbs, drain, deadline, timed_out=timed_out, hold=hold
+        selection, shown, pdbs, drain, deadline, timed_out=timed_out, hold=hold
     )
     return DrainPlan(
         survey=drain,

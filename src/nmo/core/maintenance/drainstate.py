@@ -18,7 +18,7 @@ Times: ``tick`` is the event loop's monotonic clock (backoff deadlines);
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,6 +68,12 @@ class PodDrainState:
     in_flight: bool = False
     evicted: bool = False
     forced: bool = False  # deleted after the drain deadline (onTimeout: Delete)
+    # The last 429 from a PodDisruptionBudget (the event loop's clock), and that
+    # PDB's status as the cache showed it when the eviction was sent
+    # (:func:`nmo.core.maintenance.disruption.status_key`; None: not in the
+    # cache). :mod:`nmo.core.maintenance.pdbgate` holds the pod while it stands.
+    refused_at: float | None = None
+    budget_seen: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ def survey(
     hold: Mapping[str, str] | None = None,
     waited: Sequence[tuple[Pod, str, str]] = (),
     remarks: Mapping[str, str] | None = None,
+    gated: Collection[str] = (),
+    released: Collection[str] = (),
 ) -> Survey:
     """The drain of one node: pending pods, what is due, what is stale.
 
@@ -123,6 +131,9 @@ def survey(
     but not due yet (a later drain order). ``waited`` are pods the drain waits
     on without evicting them, as ``(pod, reason, message)``. ``remarks``
     (key -> text) is shown for a pod that has no message of its own.
+    ``gated`` pods are not due (a PodDisruptionBudget that refused them
+    stands, :mod:`.pdbgate`), ``released`` ones are due whatever their backoff
+    says (that PDB changed since).
     """
     hold = hold or {}
     remarks = remarks or {}
@@ -146,13 +157,13 @@ def survey(
         held = key in hold or key in extra
         if state is not None and state.forced:
             pass  # its deletion was accepted: the pod watch reports it terminating
-        elif held:
+        elif held or key in gated:
             pass
         elif state is None:
             if not terminating:
                 due.append(pod)
         elif not state.in_flight and not terminating:
-            if tick >= state.next_attempt:
+            if key in released or tick >= state.next_attempt:
                 due.append(pod)
             else:
                 remaining = state.next_attempt - tick
@@ -200,17 +211,9 @@ def survey(
     )
 
 
-def blocked_by(
-    states: Mapping[str, PodDrainState], namespace: str, pdb: str, limit: int
-) -> list[str]:
-    """Up to ``limit`` keys of pods waiting on the PDB, longest-waiting first."""
-    waiting = [
-        (s.since, key)
+def names_budget(states: Mapping[str, PodDrainState], namespace: str, pdb: str) -> bool:
+    """Whether a pod of ``namespace`` is held by the PDB ``pdb`` (refused by it)."""
+    return any(
+        s.reason == REASON_PDB and s.pdb == pdb and key.split("/", 1)[0] == namespace
         for key, s in states.items()
-        if s.reason == REASON_PDB
-        and s.pdb == pdb
-        and not s.in_flight
-        and key.split("/", 1)[0] == namespace
-    ]
-    waiting.sort()
-    return [key for _, key in waiting[: max(0, limit)]]
+    )

@@ -28,8 +28,8 @@ The flow it encodes (behavior.md A2-A5, B4-B9):
   recorded with the first node patch, on the node, bound to the CR's uid;
 * lease, then label + taints + cordon, then evictions; Running with the
   starting figures on the first pass, progress at most once per
-  ``status_interval``, Succeeded (event SucceedMaintenance) when no pod to
-  evict remains.
+  ``status_interval`` (a transition at once), Succeeded (event
+  SucceedMaintenance) when no pod to evict remains.
 """
 
 from __future__ import annotations
@@ -64,7 +64,14 @@ from nmo.core.maintenance.observed import (
     Step,
     Work,
 )
-from nmo.core.maintenance.policy import SETTINGS, PlanSettings, heartbeat, reading, status_write
+from nmo.core.maintenance.policy import (
+    SETTINGS,
+    PlanSettings,
+    heartbeat,
+    progress_wait,
+    reading,
+    status_write,
+)
 
 Obj = dict[str, Any]
 
@@ -344,6 +351,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         now=now,
         critical_last=settings.critical_last,
         rules=podselect.rules_from(settings.pod_rules_namespaces),
+        pdb_recheck=settings.pdb_recheck,
     )
     drain, report, cond = plan_.survey, plan_.survey.report, plan_.condition
     st = transitions.with_condition(
@@ -390,11 +398,10 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
         wait = min(wait, pass_ends)
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
     write = status_write(obs, new, settings)
-    ago = obs.recall.status_written_ago
-    if write is not None and nm.status.begun and ago is not None and ago < settings.status_interval:
+    later = None if write is None else progress_wait(obs, write, settings)
+    if later is not None:
         # Progress is written at most once per interval; come back for it.
         write = None
-        later = settings.status_interval - ago
         result = Result(requeue_after=min(result.requeue_after or wait, later))
     fired = base.events
     if (

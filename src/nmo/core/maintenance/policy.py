@@ -21,6 +21,9 @@ from nmo.core.maintenance.observed import Observed, Plan, Read, Result, Work
 class PlanSettings:
     status_interval: float = 1.0  # at most one progress write per CR per interval
     resync: float = 60.0  # safety requeue while a drain is in progress
+    # --pdb-recheck-interval: a PDB that refused a pod and has not changed since
+    # is asked again this often, one pod per PDB (any change retries at once).
+    pdb_recheck: float = 60.0
     lease_retry: float = 5.0  # retry after a failed lease request
     pods_wait: float = 5.0  # safety requeue while the node's pod watch syncs
     rewrite_after: float = 60.0  # a pruned status is rewritten at most this often
@@ -65,6 +68,24 @@ def status_write(
     ):
         return None
     return new
+
+
+def progress_wait(
+    obs: Observed, new: NodeMaintenanceStatus, settings: PlanSettings
+) -> float | None:
+    """Seconds until a drain's progress may be written, None: now.
+
+    At most one write per CR per ``status_interval`` while a drain runs; a
+    write that carries a transition (the phase, a condition's status or
+    reason: Draining -> Blocked, TimedOut) goes at once, as does the first
+    (the starting figures) and the final one (Succeeded is planned apart).
+    """
+    ago = obs.recall.status_written_ago
+    if not obs.nm.status.begun or ago is None or ago >= settings.status_interval:
+        return None
+    if transitions.transition(obs.nm.status, new):
+        return None
+    return settings.status_interval - ago
 
 
 def fingerprint(st: NodeMaintenanceStatus) -> dict[str, Any]:

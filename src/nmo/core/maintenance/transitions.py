@@ -257,6 +257,18 @@ def comparable(st: NodeMaintenanceStatus) -> dict[str, object]:
     return body
 
 
+def transition(a: NodeMaintenanceStatus, b: NodeMaintenanceStatus) -> bool:
+    """Whether ``b`` moves the maintenance to another state than ``a``: its phase,
+    or a condition's status or reason (Draining -> Blocked -> TimedOut...). A
+    message, a list or drainProgress alone is progress, not a transition."""
+
+    def state(st: NodeMaintenanceStatus) -> tuple[object, ...]:
+        conditions = sorted((x.type, x.status.value, x.reason) for x in st.conditions or [])
+        return (st.phase, tuple(conditions))
+
+    return state(a) != state(b)
+
+
 def differs(a: NodeMaintenanceStatus, b: NodeMaintenanceStatus) -> bool:
     """Whether writing ``b`` over ``a`` changes anything but lastUpdate."""
     return comparable(a) != comparable(b)
