@@ -77,7 +77,11 @@ class EngineSettings:
     leader_lease_duration: float = 15.0
     leader_renew_deadline: float = 10.0
     leader_retry_period: float = 2.0
-    pod_event_debounce: float = 0.2
+    # Pod events and eviction answers during a drain wake one pass per window:
+    # a pass plans the whole node (O(pods)), and progress is written at most
+    # once per status interval (1 s) anyway. The last pod leaving, a PDB
+    # change and a CR change wake a pass at once.
+    pod_event_debounce: float = 1.0
     resync_period: float = 600.0
     identity: str = field(default_factory=default_identity)
     plan: PlanSettings = field(default_factory=PlanSettings)
@@ -143,7 +147,7 @@ class Engine:
         self.evictor = Evictor(
             kube,
             max_parallel=settings.max_parallel_evictions,
-            on_change=self._wake,
+            on_change=self._drain_changed,
             metrics=metrics,
             access=Access(kube),
             budgets=self.pdbs.get,
@@ -278,6 +282,13 @@ class Engine:
             self._wake_queued()  # the count of unavailable nodes changed
         for nm in self.maintenances.by_index(str(obj["metadata"]["name"])):
             self.queue.add(str(nm["metadata"]["name"]))
+
+    def _drain_changed(self, name: str) -> None:
+        """An eviction was answered (refused, failed, gone): one pass per debounce
+        window sees every answer of that window, as for pod events; a pass per
+        answer would plan the whole node once per refused pod."""
+        if self.leading:
+            self.queue.add_after(name, self.settings.pod_event_debounce)
 
     def _on_pod(self, record: Memory, event: str, obj: Obj) -> None:
         if not self.leading or record.forgotten:

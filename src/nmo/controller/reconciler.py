@@ -141,10 +141,12 @@ class Reconciler:
         record = ports.memories.recall(nm.metadata.uid, name, nm.spec.node_name)
         record.fetched = Fetched()
         for _ in range(MAX_ROUNDS):
-            raw = ports.maintenances.get(name)
-            if raw is None or record.forgotten:
+            current = ports.maintenances.get(name)
+            if current is None or record.forgotten:
                 return DONE
-            observed = self.observe(NodeMaintenance.from_api(raw), record)
+            if current is not raw:  # the cache has a newer copy (a write of this pass)
+                raw, nm = current, NodeMaintenance.from_api(current)
+            observed = self.observe(nm, record)
             plan = planner.plan(observed, self.settings)
             if not plan.reads:
                 record.planned_failures()
