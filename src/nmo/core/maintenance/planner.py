@@ -397,11 +397,12 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if pass_ends > 0:  # lastError (and the Go NMO's log line) when its first pass would end
         wait = min(wait, pass_ends)
     result = Result(requeue_after=max(0.05, min(wait, settings.resync)))
-    write = status_write(obs, new, settings)
-    later = None if write is None else progress_wait(obs, write, settings)
+    # Within the interval, a status that carries no transition is not even
+    # compared (comparing dumps every pending pod): a pass comes back for it.
+    later = progress_wait(obs, new, settings)
+    write = status_write(obs, new, settings) if later is None else None
     if later is not None:
         # Progress is written at most once per interval; come back for it.
-        write = None
         result = Result(requeue_after=min(result.requeue_after or wait, later))
     fired = base.events
     if (

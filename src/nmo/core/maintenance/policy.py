@@ -57,14 +57,15 @@ def status_write(
     is not written again: a server that prunes fields it does not know (the
     Go NMO's CRD has no pendingPodsDetails) must not cause a write per pass.
     """
-    if not transitions.differs(obs.nm.status, new):
+    compared = fingerprint(new)  # once: it dumps every pending pod
+    if fingerprint(obs.nm.status) == compared:
         return None
     recall = obs.recall
     if (
         recall.last_written is not None
         and recall.status_written_ago is not None
         and recall.status_written_ago < settings.rewrite_after
-        and recall.last_written == fingerprint(new)
+        and recall.last_written == compared
     ):
         return None
     return new
