@@ -254,3 +254,17 @@ def test_the_drain_plan_sends_nothing_while_the_pdb_stands_and_reads_as_before()
         selection, dict(THREE), {"app/web": budget(allowed=4)}, deadline, tick=41.0, now=NOW
     )
     assert sorted(p["metadata"]["name"] for p in changed.survey.due) == ["a", "b", "c", "d"]
+
+
+def test_a_probe_in_flight_keeps_the_condition_blocked() -> None:
+    """One pod behind its PDB: asking again does not flip Blocked to Draining and
+    back (two status writes a probe, transitions being written at once)."""
+    selection = select_pods([pod("a")], lambda _: False)
+    deadline = Deadline(start=NOW - timedelta(minutes=10), at=None, action=OnTimeout.REPORT)
+    probing = {"app/a": replace(THREE["app/a"], in_flight=True)}
+    plan = plan_drain(selection, probing, PDBS, deadline, tick=95.0, now=NOW)
+    assert plan.condition.reason == "Blocked", plan.condition
+    assert "holding 1 pod: app/a" in plan.condition.message
+    first = {"app/a": PodDrainState(uid="u-a", since=SINCE, reason="Evicting", in_flight=True)}
+    plan = plan_drain(selection, first, PDBS, deadline, tick=1.0, now=NOW)
+    assert plan.condition.reason == "Draining", "a first attempt is not held by anything yet"

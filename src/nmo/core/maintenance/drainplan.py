@@ -249,7 +249,9 @@ def blocked_message(
     for ns, name in pending:
         key = f"{ns}/{name}"
         state = states.get(key)
-        if state is None or state.in_flight:
+        # A pod a PDB refused stays held by it while it is asked again (a probe,
+        # pdbgate): the condition does not flap to Draining and back for it.
+        if state is None or (state.in_flight and state.reason != REASON_PDB):
             continue
         if state.reason == REASON_PDB:
             by_pdb.setdefault(f"{ns}/{state.pdb}" if state.pdb else "", []).append(key)
