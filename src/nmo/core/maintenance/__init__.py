@@ -9,6 +9,7 @@ rules), ``quorum`` (the etcd-quorum rule), ``transitions`` (status changes),
 ``nodepatch`` (node patches and the prior state), ``podselect`` and
 ``selectors`` (which pods a drain evicts), ``drainplan`` and ``drainstate``
 (order, deadline, per-pod progress), ``disruption`` (PodDisruptionBudget
-coverage), ``pdbgate`` (no retries behind a PDB that stands), ``lease`` (the medik8s lease rules), ``notifications``. The
-runtime that observes and applies is :mod:`nmo.controller`.
+coverage), ``pdbgate`` (no retries behind a PDB that stands), ``lease`` (the
+medik8s lease rules), ``notifications``. The runtime that observes and
+applies is :mod:`nmo.controller`.
 """
