@@ -25,6 +25,10 @@ The load generator is plain asyncio on the same machine: it shares the CPU
 cores with nmo and the sandbox, which the output says.
 
 Run: ``make bench-webhook`` or ``.venv/bin/python benchmarks/webhook_bench.py``.
+``--nmo-src DIR`` runs nmo from another ``src/`` tree (e.g. a ``git worktree``
+of an older commit, first on its ``PYTHONPATH``; the same virtualenv and the
+same load generator), so before and after are measured in one session.
+Shorter runs for a quick look: ``--steady-seconds 10 --steps 1000``.
 """
 
 from __future__ import annotations
@@ -358,6 +362,7 @@ async def main(
     step_seconds: float,
     max_connections: int,
     keep_log: Path | None,
+    nmo_src: Path | None = None,
 ) -> int:
     with tempfile.TemporaryDirectory(prefix="nmo-webhook-bench-") as tmp:
         async with Sandbox(Path(tmp) / "sandbox", nodes=1) as sb, sb.client() as http:
@@ -385,8 +390,15 @@ async def main(
                 "--no-metrics-secure", "--webhook-port", str(webhook_port),
                 "--cert-dir", str(certs),
             ]  # fmt: skip
+            env = dict(os.environ)
+            if nmo_src is not None:
+                env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (str(nmo_src), env.get("PYTHONPATH")) if p
+                )
             with log.open("wb") as out:
-                proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)  # noqa: ASYNC220
+                proc = subprocess.Popen(  # noqa: ASYNC220
+                    args, stdout=out, stderr=subprocess.STDOUT, env=env
+                )
             target = Target(webhook_port, sb.ca_file, max_connections)
             try:
                 async with httpx.AsyncClient() as probe:
@@ -442,6 +454,9 @@ if __name__ == "__main__":
         "--max-connections", type=int, default=64, help="keep-alive connections at most"
     )
     parser.add_argument("--keep-log", type=Path, help="copy nmo's log here at the end")
+    parser.add_argument(
+        "--nmo-src", type=Path, help="run nmo from this src/ tree (another commit's, say)"
+    )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     options = parser.parse_args()
     sys.exit(
@@ -452,6 +467,7 @@ if __name__ == "__main__":
                 options.step_seconds,
                 options.max_connections,
                 options.keep_log,
+                options.nmo_src and options.nmo_src.resolve(),
             )
         )
     )

@@ -220,6 +220,70 @@ async def test_internal_errors_show_a_reference_not_the_exception(
         ), ref.group(1)
 
 
+async def test_reviews_are_answered_before_fastapi_and_the_rest_by_it() -> None:
+    metrics = Metrics()
+    app = create_webhook_app(lookups=FakeLookups(nodes={"n1": node("n1")}), metrics=metrics)
+    async with client(app) as http:
+        answered = await http.post(WEBHOOK_PATH, json=review())
+        other_methods = [await http.get(WEBHOOK_PATH), await http.put(WEBHOOK_PATH, json={})]
+        other_path = await http.post(WEBHOOK_PATH + "-other", json=review())
+    assert answered.status_code == 200
+    assert answered.headers["content-type"] == "application/json"
+    assert int(answered.headers["content-length"]) == len(answered.content)
+    assert answered.json()["response"]["allowed"] is True
+    assert [r.status_code for r in other_methods] == [405, 405]
+    assert other_path.status_code == 404
+    assert count(metrics, "CREATE", "allowed") == 1
+
+
+async def test_background_tasks_run_for_the_lifespan_of_the_app() -> None:
+    import asyncio
+
+    ran = asyncio.Event()
+
+    async def watcher() -> None:
+        ran.set()
+        await asyncio.Event().wait()
+
+    app = create_webhook_app(
+        lookups=FakeLookups(), metrics=Metrics(), background={"watcher": watcher}
+    )
+    sent: list[str] = []
+    inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    inbox.put_nowait({"type": "lifespan.startup"})
+
+    async def send(message: Obj) -> None:
+        sent.append(message["type"])
+        if message["type"] == "lifespan.startup.complete":
+            await asyncio.wait_for(ran.wait(), 5)
+            inbox.put_nowait({"type": "lifespan.shutdown"})
+
+    await asyncio.wait_for(app({"type": "lifespan", "state": {}}, inbox.get, send), 10)
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+    assert ran.is_set()
+
+
+async def test_a_bug_past_the_review_handler_is_a_logged_500_with_a_reference(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        def observe(self, value: float) -> None:
+            raise RuntimeError("secret-detail")
+
+    metrics = Metrics()
+    metrics.webhook_latency = Broken()  # type: ignore[assignment]
+    app = create_webhook_app(lookups=FakeLookups(nodes={"n1": node("n1")}), metrics=metrics)
+    with caplog.at_level("ERROR"):
+        async with client(app) as http:
+            resp = await http.post(WEBHOOK_PATH, json=review())
+    assert resp.status_code == 500
+    assert resp.headers["connection"] == "close"
+    assert "secret-detail" not in resp.text
+    ref = re.search(r"internal error \(ref ([0-9a-f]{12})\)", resp.text)
+    assert ref is not None, resp.text
+    assert any(getattr(r, "ref", "") == ref.group(1) for r in caplog.records)
+
+
 # -- probes -----------------------------------------------------------------------
 
 

@@ -171,3 +171,61 @@ async def test_a_deadline_missed_by_the_loop_not_the_client_is_not_a_408() -> No
     with pytest.raises(Unacceptable, match="slower than 1000 bytes/s") as late:
         await read_review_body(Request(scope, receive), grace=0.01, min_rate=1000)
     assert late.value.status_code == 408
+
+
+def held(body: bytes, *, disconnected: bool = False) -> Request:
+    """A request whose body the server already holds whole (the ``complete`` hint)."""
+    rest = bytearray(body)
+
+    async def receive() -> dict[str, Any]:
+        if disconnected:
+            return {"type": "http.disconnect"}
+        part, rest[:] = bytes(rest), b""
+        return {"type": "http.request", "body": part, "more_body": False}
+
+    hints = {"pending": lambda: len(rest), "complete": lambda: bool(rest) or disconnected}
+    scope = {"type": "http", "method": "POST", "path": WEBHOOK_PATH, "headers": []}
+    scope["extensions"] = {BUFFERED: hints}
+    return Request(scope, receive)
+
+
+async def test_a_body_held_whole_is_taken_at_once_without_a_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_deadline(when: float | None) -> Any:
+        raise AssertionError("a deadline was armed for a body already held")
+
+    monkeypatch.setattr(asyncio, "timeout_at", no_deadline)
+    body = json.dumps(review()).encode()
+    # Even past every deadline and with no upload slot free: nothing is left to wait for.
+    uploads = Uploads(1, wait=0.01)
+    async with uploads.slot():
+        got = await read_review_body(held(body), uploads=uploads, body_seconds=0, grace=0)
+    assert got == body
+
+
+@pytest.mark.parametrize(
+    ("request_", "limit", "status", "message"),
+    [
+        (lambda: held(b"x" * 11), 10, 413, "request body of 11 bytes exceeds"),
+        (lambda: held(b"", disconnected=True), 10, 400, "client disconnected"),
+    ],
+    ids=["over the limit", "disconnected"],
+)
+async def test_a_body_held_whole_meets_the_same_bounds(
+    request_: Any, limit: int, status: int, message: str
+) -> None:
+    with pytest.raises(Unacceptable, match=message) as refused:
+        await read_review_body(request_(), limit=limit)
+    assert refused.value.status_code == status
+    assert refused.value.close is False
+
+
+async def test_a_big_body_held_whole_still_needs_an_upload_slot() -> None:
+    body = json.dumps(review()).encode()
+    uploads = Uploads(1, wait=0.01, free_bytes=len(body) - 1)
+    async with uploads.slot():  # the one slot is taken
+        with pytest.raises(Unacceptable, match="too many admission requests") as refused:
+            await read_review_body(held(body), uploads=uploads)
+    assert refused.value.status_code == 429
+    assert await read_review_body(held(body), uploads=uploads) == body

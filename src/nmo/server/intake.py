@@ -33,6 +33,11 @@ Guarantees of :func:`read_review_body`:
   (``drain_limit``, by uvicorn for a declared length, here for a chunked
   one), the connection stays usable and the client reads the 413 calmly;
   otherwise the answer closes the connection instead of reading on.
+
+A body the server already holds whole (the apiserver sends a review's few
+KiB at once) and that needs no upload slot is taken in one receive, without
+a deadline, a pace or a slot: nothing is left to wait for (the ``complete``
+hint of :data:`BUFFERED`). The bounds above still decide its answer.
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ BODY_GRACE_SECONDS: Final = 2.0
 # The ASGI scope extension through which nmo's HTTP protocol tells how many
 # bytes of the body it holds that the app has not read yet (its "pending"):
 # a deadline that fires while they wait for a late turn of the event loop is
-# not the client's.
+# not the client's; and whether they are the whole rest of the body, so that
+# the next receive returns them without waiting (its "complete").
 BUFFERED: Final = "nmo.body_buffered"
 # What uvicorn buffers for any connection before it stops reading (its
 # HIGH_WATER_LIMIT); a NodeMaintenance review is a few KiB.
@@ -198,16 +204,40 @@ async def read_review_body(
     if declared is not None and declared.isdigit() and int(declared) > limit:
         # Not a byte read: the server discards a bounded rest, or closes.
         raise _too_large(f"of {int(declared)} bytes ", limit, close=int(declared) > drain_limit)
+    first = b""
+    if _held_whole(request, uploads):
+        message = await request.receive()  # returns at once: no deadline can pass
+        if message["type"] == "http.disconnect":
+            raise Unacceptable(400, "client disconnected before the body was complete")
+        first = bytes(message.get("body", b""))
+        if not message.get("more_body", False):
+            if len(first) > limit:
+                raise _too_large(f"of {len(first)} bytes ", limit, close=False)
+            return first
     async with contextlib.AsyncExitStack() as slot:
         pace = _Pace(
             seconds=body_seconds, min_rate=min_rate, grace=grace, uploads=uploads, slot=slot
         )
-        return await _read(request, limit=limit, drain_limit=drain_limit, pace=pace)
+        return await _read(request, limit=limit, drain_limit=drain_limit, pace=pace, first=first)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _parts(request: Request, pace: _Pace) -> AsyncGenerator[bytes, None]:
-    """The body's parts, each within the pace's deadline."""
+def _held_whole(request: Request, uploads: Uploads | None) -> bool:
+    """Whether the server holds the whole body, few enough bytes to need no
+    upload slot (see :data:`BUFFERED`)."""
+    hints = (request.scope.get("extensions") or {}).get(BUFFERED) or {}
+    complete, pending = hints.get("complete"), hints.get("pending")
+    if complete is None or pending is None or not complete():
+        return False
+    return uploads is None or pending() <= uploads.free_bytes
+
+
+async def _parts(request: Request, pace: _Pace, first: bytes) -> AsyncGenerator[bytes, None]:
+    """The body's parts (``first``, already received, before the rest), each
+    within the pace's deadline."""
+    if first:
+        await pace.grew(len(first))
+        yield first
     buffered = ((request.scope.get("extensions") or {}).get(BUFFERED) or {}).get("pending")
     while True:
         try:
@@ -227,10 +257,12 @@ async def _parts(request: Request, pace: _Pace) -> AsyncGenerator[bytes, None]:
             return
 
 
-async def _read(request: Request, *, limit: int, drain_limit: int, pace: _Pace) -> bytes:
+async def _read(
+    request: Request, *, limit: int, drain_limit: int, pace: _Pace, first: bytes
+) -> bytes:
     chunks: list[bytes] = []
     try:
-        async with contextlib.aclosing(_parts(request, pace)) as parts:
+        async with contextlib.aclosing(_parts(request, pace, first)) as parts:
             async for chunk in parts:
                 if pace.size > limit:
                     chunks.clear()

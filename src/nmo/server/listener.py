@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import ipaddress
 import logging
 import socket
@@ -114,8 +115,13 @@ class State(enum.Enum):
     ANSWERING = "answering"  # a review being decided: never closed for a newcomer
 
 
+@functools.lru_cache(maxsize=1024)
 def source_of(host: str) -> str:
-    """The peer address connections are counted by (IPv4-mapped IPv6 as IPv4)."""
+    """The peer address connections are counted by (IPv4-mapped IPv6 as IPv4).
+
+    Remembered for the last 1,024 hosts: every review asks it of its peer,
+    and parsing an address costs more than the rest of the lookup.
+    """
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -154,8 +160,15 @@ class GuardedH11Protocol(H11Protocol):
             self.request_started = self.loop.time()
             self._used()
             started = self.cycle
+            # Its task has not run yet: the response goes out in one write.
+            # (A stand-in with every method of a transport, see HeadWithBody.)
+            started.transport = HeadWithBody(self.transport, started)  # type: ignore[assignment]
             extensions = started.scope.setdefault("extensions", {})
-            extensions[BUFFERED] = {"pending": lambda: len(started.body)}
+            extensions[BUFFERED] = {
+                "pending": lambda: len(started.body),
+                # The next receive returns the rest of the body at once, without waiting.
+                "complete": lambda: not started.more_body and started.message_event.is_set(),
+            }
 
     def on_response_complete(self) -> None:
         self._disarm()
@@ -205,6 +218,50 @@ class GuardedH11Protocol(H11Protocol):
         if not self.transport.is_closing():
             log.debug("closing a connection that sent no request headers in time")
             self.transport.abort()
+
+
+class HeadWithBody:
+    """The transport one request's response is written to: its status line and
+    headers are held back until the body's first part, and both go out in one
+    write.
+
+    uvicorn writes the head when the app starts the response and the body
+    when it sends it, and over TLS each write is a record of its own and a
+    ``send`` of its own. On loopback and in a VM that send (which wakes the
+    client) was the costliest single step of a review (docs/performance.md),
+    and a client reads nothing useful from a head alone. Anything else is
+    passed through: writes before the response starts (``100 Continue``), and
+    a close, which first writes a head still held (an app that failed after
+    starting its response).
+    """
+
+    __slots__ = ("_cycle", "_head", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.BaseTransport, cycle: Any) -> None:
+        self._transport = transport
+        self._cycle = cycle
+        self._head = b""
+        self._held = False  # whether the head came and was held
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        transport: Any = self._transport
+        if not self._held and self._cycle.response_started:
+            self._held = True  # uvicorn marks the response started, then writes its head
+            self._head = bytes(data)
+            return
+        if self._head:
+            data, self._head = self._head + data, b""
+        transport.write(data)
+
+    def close(self) -> None:
+        transport: Any = self._transport
+        if self._head:
+            transport.write(self._head)
+            self._head = b""
+        transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedH11Protocol]:

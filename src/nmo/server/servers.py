@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
 
 from nmo.api.constants import DEFAULT_CERT_DIR, WEBHOOK_PATH
 from nmo.kube.client import KubeClient
@@ -390,7 +389,7 @@ class Servers:
             },
         )
 
-    async def _start(self, name: str, app: FastAPI, port: int, ctx: ssl.SSLContext | None) -> None:
+    async def _start(self, name: str, app: ASGIApp, port: int, ctx: ssl.SSLContext | None) -> None:
         s = self.settings
         options: dict[str, Any] = {}
         if ctx is not None:
