@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import kr8s
@@ -19,11 +21,13 @@ import pytest
 import respx
 
 from nmo.kube.client import Kube, _widen_pool
-from nmo.kube.transport import Transport
+from nmo.kube.transport import READ_SIZE, Transport
+from nmo_sandbox.pki import generate_pki, issue_serving_cert
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
         self.connections = 0
         self.requests: list[tuple[str, bytes]] = []
         self.release = asyncio.Event()
@@ -32,7 +36,7 @@ class Server:
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> Server:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -42,7 +46,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -78,6 +82,12 @@ class Server:
             await writer.drain()
             await self.release.wait()
             writer.write(b"6\r\nline3\n\r\n0\r\n\r\n")
+            await writer.drain()
+            return True
+        if path == "/big":
+            payload = bytes(range(256)) * 4096  # 1 MiB
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload))
+            writer.write(payload)
             await writer.drain()
             return True
         if path == "/hold":
@@ -160,7 +170,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
         assert (await http.get("/bye")).text == "/bye"
         await server.hung_up.wait()
         (idle,) = transport._idle[("http", "127.0.0.1", server.port)]
-        assert await asyncio.wait_for(idle.reader.read(), 5) == b""  # the client saw the EOF
+        assert await asyncio.wait_for(idle.wire.read(), 5) == b""  # the client saw the EOF
         assert (await http.get("/echo")).text == "/echo"  # on a new connection, no error
         assert server.connections == transport.connections_opened == 2
 
@@ -265,3 +275,82 @@ async def test_a_kubeconfig_with_a_proxy_keeps_httpxs_transport(
     assert api._session is not None
     assert not isinstance(api._session._transport, Transport)
     await Kube(api).close()
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(the server's context for 127.0.0.1 and "apiserver.test", a client's trusting its CA)."""
+    generate_pki(tmp_path / "pki")
+    cert = issue_serving_cert(tmp_path / "pki", ["127.0.0.1", "apiserver.test"], name="server")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert.cert_file, cert.key_file)
+    return server, ssl.create_default_context(cafile=str(cert.ca_file))
+
+
+async def test_tls_requests_keep_their_connection_and_bodies(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    server_ctx, client_ctx = tls
+    big = bytes(range(256)) * (3 * READ_SIZE // 256 + 7)  # several TLS records and reads
+    transport = Transport(ssl_context=client_ctx, max_connections=4, max_keepalive=4)
+    async with (
+        Server(server_ctx) as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
+        for _ in range(3):
+            resp = await http.post("/echo", content=big)
+            assert resp.content == big
+        assert server.connections == transport.connections_opened == 1
+
+
+async def test_tls_checks_the_name_and_takes_the_sni_extension(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    server_ctx, client_ctx = tls
+    transport = Transport(ssl_context=client_ctx, max_connections=4, max_keepalive=4)
+    async with Server(server_ctx) as server, httpx.AsyncClient(transport=transport) as http:
+        # localhost is not in the certificate: refused, as a ConnectError naming why
+        with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+            await http.get(f"https://localhost:{server.port}/echo")
+        # kr8s's tls-server-name: the name checked is the extension's
+        resp = await http.get(
+            f"https://localhost:{server.port}/echo",
+            extensions={"sni_hostname": "apiserver.test"},
+        )
+        assert resp.text == "/echo"
+        assert transport.open_connections == 1
+
+
+async def test_tls_refuses_a_server_its_ca_does_not_trust(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], tmp_path: Path
+) -> None:
+    server_ctx, _ = tls
+    generate_pki(tmp_path / "other")
+    other = ssl.create_default_context(cafile=str(tmp_path / "other" / "ca.crt"))
+    transport = Transport(ssl_context=other, max_connections=4, max_keepalive=4)
+    async with Server(server_ctx) as server, httpx.AsyncClient(transport=transport) as http:
+        with pytest.raises(httpx.ConnectError, match="certificate verify failed"):
+            await http.get(f"{server.url}/echo")
+        assert transport.open_connections == 0
+        assert server.requests == []
+
+
+async def test_a_large_body_read_slowly_arrives_whole(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """More than the wire buffers before it pauses reading (a lagging watch consumer)."""
+    server_ctx, client_ctx = tls
+    transport = Transport(ssl_context=client_ctx, max_connections=4, max_keepalive=4)
+    async with (
+        Server(server_ctx) as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
+        got = bytearray()
+        async with http.stream("GET", "/big") as resp:
+            async for chunk in resp.aiter_raw():
+                got += chunk
+                for _ in range(20):
+                    await server_turn()  # the server writes on meanwhile
+        assert bytes(got) == bytes(range(256)) * 4096
+        assert (await http.get("/echo")).text == "/echo"
+        assert server.connections == 1

@@ -9,9 +9,10 @@ counts idle connections once per idle connection (quadratic). A drain of
 
 This transport keeps what nmo needs and nothing else:
 
-* HTTP/1.1 with keep-alive over ``asyncio.open_connection`` (TLS with the
-  kubeconfig's :class:`ssl.SSLContext`, the ``sni_hostname`` extension kr8s
-  sets for ``tls-server-name``), parsed by h11, as httpcore does;
+* HTTP/1.1 with keep-alive over an asyncio protocol (TLS through
+  :class:`ssl.MemoryBIO` with the kubeconfig's :class:`ssl.SSLContext`, the
+  ``sni_hostname`` extension kr8s sets for ``tls-server-name``), parsed by
+  h11, as httpcore does;
 * a pool per origin: a LIFO stack of idle connections, taken in O(1); one
   the server closed (asyncio saw the EOF) or idle past ``keepalive_expiry``
   is dropped, never reused; at most ``max_connections`` open (a request past
@@ -49,31 +50,187 @@ def _timeouts(request: httpx.Request) -> dict[str, float | None]:
     return value
 
 
+class _Wire(asyncio.Protocol):
+    """One connection's bytes, plain or TLS through :class:`ssl.MemoryBIO`.
+
+    asyncio's own TLS (``open_connection(ssl=...)``) keeps a 256 KiB read
+    buffer per connection, for the connection's life: 12.5 MiB of RSS with
+    50 evictions in flight. Here TLS records are decrypted as they arrive,
+    in 64 KiB reads, into a buffer only as large as what is unread.
+    """
+
+    def __init__(self, tls: ssl.SSLContext | None, server_hostname: str) -> None:
+        self._sslobj: ssl.SSLObject | None = None
+        self._in = self._out = None
+        if tls is not None:
+            self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            self._sslobj = tls.wrap_bio(self._in, self._out, server_hostname=server_hostname)
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()  # connected (handshake done)
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self._paused = False
+
+    # -- asyncio's side ------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._sslobj is None:
+            self.ready.set_result(None)
+        else:
+            self._handshake()
+
+    def data_received(self, data: bytes) -> None:
+        if self._sslobj is None:
+            self._buffer += data
+        else:
+            assert self._in is not None
+            self._in.write(data)
+            if not self.ready.done():
+                self._handshake()
+            if self.ready.done():
+                self._decrypt()
+        if len(self._buffer) > 4 * READ_SIZE and self._transport is not None:
+            self._transport.pause_reading()  # a reader that lags (a watch's consumer)
+            self._paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        if exc is not None and self._error is None:
+            self._error = exc
+        if not self.ready.done():
+            self.ready.set_exception(exc or ConnectionResetError("connection closed"))
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    # -- TLS -----------------------------------------------------------------
+    def _handshake(self) -> None:
+        assert self._sslobj is not None
+        try:
+            self._sslobj.do_handshake()
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError as exc:
+            self._flush()
+            self.ready.set_exception(exc)
+            if self._transport is not None:
+                self._transport.close()
+            return
+        else:
+            self.ready.set_result(None)
+        self._flush()
+
+    def _decrypt(self) -> None:
+        assert self._sslobj is not None
+        while True:
+            try:
+                chunk = self._sslobj.read(READ_SIZE)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:  # the server's close_notify
+                self._eof = True
+                break
+            except ssl.SSLError as exc:
+                self._error = exc
+                break
+            if not chunk:
+                self._eof = True
+                break
+            self._buffer += chunk
+        self._flush()  # TLS 1.3 may answer (a key update)
+
+    def _flush(self) -> None:
+        if self._out is not None and self._out.pending and self._transport is not None:
+            self._transport.write(self._out.read())
+
+    # -- the connection's side -------------------------------------------------
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def read(self) -> bytes:
+        """What has arrived (up to 64 KiB), waiting for some; b"" at the end."""
+        while not self._buffer and not self._eof and self._error is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._buffer:
+            data = bytes(self._buffer[:READ_SIZE])
+            del self._buffer[:READ_SIZE]
+            if self._paused and len(self._buffer) < READ_SIZE and self._transport is not None:
+                self._transport.resume_reading()
+                self._paused = False
+            return data
+        if self._error is not None:
+            raise self._error
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        if self._sslobj is None:
+            transport.write(data)
+        else:
+            self._sslobj.write(data)
+            self._flush()
+        if self._writable is not None:
+            await self._writable
+
+    def usable(self) -> bool:
+        """Open, nothing unread, the server has not closed it."""
+        transport = self._transport
+        return (
+            transport is not None
+            and not transport.is_closing()
+            and not self._eof
+            and not self._buffer
+            and self._error is None
+        )
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
 class _Connection:
-    """One keep-alive connection: its streams and its h11 state machine."""
+    """One keep-alive connection: its bytes and its h11 state machine."""
 
-    __slots__ = ("h11", "idle_since", "origin", "reader", "writer")
+    __slots__ = ("h11", "idle_since", "origin", "wire")
 
-    def __init__(
-        self, origin: Origin, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, origin: Origin, wire: _Wire) -> None:
         self.origin = origin
-        self.reader = reader
-        self.writer = writer
+        self.wire = wire
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
 
     def reusable(self, now: float, expiry: float) -> bool:
         """Idle, not expired, and the server has not closed it (nor sent anything)."""
-        return (
-            now - self.idle_since < expiry
-            and not self.reader.at_eof()
-            and not self.reader._buffer  # type: ignore[attr-defined]  # bytes before a request: broken
-            and not self.writer.transport.is_closing()
-        )
+        return now - self.idle_since < expiry and self.wire.usable()
 
     def close(self) -> None:
-        self.writer.close()
+        self.wire.close()
 
     async def send(self, request: httpx.Request, body: bytes, timeout: float | None) -> None:
         headers = request.headers.raw
@@ -89,9 +246,8 @@ class _Connection:
         assert end is not None
         data.append(end)
         try:
-            self.writer.write(b"".join(data))
             async with asyncio.timeout(timeout):
-                await self.writer.drain()
+                await self.wire.write(b"".join(data))
         except TimeoutError as exc:
             raise httpx.WriteTimeout("timed out writing the request", request=request) from exc
         except OSError as exc:
@@ -108,7 +264,7 @@ class _Connection:
                 return event
             try:
                 async with asyncio.timeout(timeout):
-                    data = await self.reader.read(READ_SIZE)
+                    data = await self.wire.read()
             except TimeoutError as exc:
                 raise httpx.ReadTimeout("timed out reading the response", request=request) from exc
             except (OSError, ssl.SSLError) as exc:
@@ -277,21 +433,22 @@ class Transport(httpx.AsyncBaseTransport):
         if scheme == "https" and tls is None:
             tls = ssl.create_default_context()
         sni = request.extensions.get("sni_hostname") or host
+        loop = asyncio.get_running_loop()
+        wire: _Wire | None = None
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host,
-                    port,
-                    ssl=tls,
-                    server_hostname=sni if tls is not None else None,
-                    limit=READ_SIZE,
-                )
+                _, wire = await loop.create_connection(lambda: _Wire(tls, sni), host, port)
+                await wire.ready
         except TimeoutError as exc:
+            if wire is not None:
+                wire.close()
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out") from exc
         except (OSError, ssl.SSLError) as exc:
+            if wire is not None:
+                wire.close()
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
         self.connections_opened += 1
-        return _Connection(origin, reader, writer)
+        return _Connection(origin, wire)
 
     def _finished(self, conn: _Connection) -> None:
         """A response was read to its end: keep the connection for the next request."""
