@@ -129,25 +129,39 @@ def _cell(results: list[dict[str, Any]], key: str = "seconds", fmt: str = ".2f")
 OPERATORS = ("nmo", "gonmo")
 TARGET_OVER_CEILING = 1.1  # issue 22: every drain scenario <= 1.1x the ceiling
 HEADER = (
-    f"{'tool':<8}  {'seconds':>8}  {'/ceiling':>8}  {'/gonmo':>7}  {'node empty(s)':>13}  "
-    f"{'CPU-s':>7}  {'CPU-s/1000 pods':>15}  {'peak RSS(MiB)':>13}  {'requests':>8}  "
-    f"{'status writes/CR':>16}  {'refused evictions':>17}"
-)
+    "tool", "seconds", "/ceiling", "/gonmo", "node empty(s)", "CPU-s", "CPU-s/1000 pods",
+    "peak RSS(MiB)", "requests", "status writes/CR", "refused evictions",
+)  # fmt: skip
 
 
-def _tool_row(tool: str, rows: list[dict[str, Any]], med: dict[str, float | None]) -> str:
+def _tool_row(tool: str, rows: list[dict[str, Any]], med: dict[str, float | None]) -> list[str]:
     operator = tool in OPERATORS
     # The ceiling's is the benchmark process's own CPU time: an upper bound.
     cpu = "<=" + _cell(rows, "client_cpu_s") if tool == "ceiling" else _cell(rows, "cpu_s")
-    return (
-        f"{tool:<8}  {_cell(rows):>8}  {ratio(med[tool], med['ceiling']):>8}  "
-        f"{ratio(med[tool], med['gonmo']):>7}  {_cell(rows, 'node_empty_s'):>13}  {cpu:>7}  "
-        f"{_cell(rows, 'cpu_s_per_1000_pods') if operator else '-':>15}  "
-        f"{_cell(rows, 'peak_rss_mib', '.1f') if operator else '-':>13}  "
-        f"{_cell(rows, 'requests', '.0f'):>8}  "
-        f"{_cell(rows, 'status_writes_per_cr', '.1f') if operator else '-':>16}  "
-        f"{_cell(rows, 'refused_evictions', '.0f'):>17}"
-    )
+    return [
+        tool,
+        _cell(rows),
+        ratio(med[tool], med["ceiling"]),
+        ratio(med[tool], med["gonmo"]),
+        _cell(rows, "node_empty_s"),
+        cpu,
+        _cell(rows, "cpu_s_per_1000_pods") if operator else "-",
+        _cell(rows, "peak_rss_mib", ".1f") if operator else "-",
+        _cell(rows, "requests", ".0f"),
+        _cell(rows, "status_writes_per_cr", ".1f") if operator else "-",
+        _cell(rows, "refused_evictions", ".0f"),
+    ]
+
+
+def table(rows: list[list[str]] | list[tuple[str, ...]]) -> list[str]:
+    """Columns as wide as their widest cell, the first left-aligned, the others right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [c.rjust(w) for c, w in zip(row, widths, strict=True)]
+        cells[0] = row[0].ljust(widths[0])
+        lines.append("  ".join(cells))
+    return lines
 
 
 def _verbs(rows: list[dict[str, Any]]) -> str:
@@ -166,8 +180,8 @@ def summary(results: list[dict[str, Any]], scenarios: list[str]) -> str:
         rounds = max(len(v) for v in by.values())
         med = {t: _median(by[t], "seconds") for t in TOOLS}
         more = f", median of {rounds} rounds (range)" if rounds > 1 else ""
-        out += ["", f"{name}: {SCENARIOS[name].pods} pods{more}", HEADER]
-        out += [_tool_row(t, by[t], med) for t in TOOLS if by[t]]
+        out += ["", f"{name}: {SCENARIOS[name].pods} pods{more}"]
+        out += table([HEADER, *(_tool_row(t, by[t], med) for t in TOOLS if by[t])])
         out.append("requests by verb" + (" (first round):" if rounds > 1 else ":"))
         out += [f"  {t}: {_verbs(by[t])}" for t in TOOLS if by[t]]
         cpu = {t: _median(by[t], "cpu_s_per_1000_pods") for t in OPERATORS}
