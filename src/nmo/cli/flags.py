@@ -81,7 +81,7 @@ def add_run_parser(sub: Subparsers) -> None:
         default=_env_int("NMO_MAX_CONCURRENT_RECONCILES", 10),
     )
     eng.add_argument(
-        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 50)
+        "--max-parallel-evictions", type=int, default=_env_int("NMO_MAX_PARALLEL_EVICTIONS", 100)
     )
     eng.add_argument(
         "--lease-namespace",

@@ -69,7 +69,7 @@ def default_identity() -> str:
 class EngineSettings:
     lease_namespace: str = c.LEASE_NAMESPACE_DEFAULT
     max_concurrent_reconciles: int = 10
-    max_parallel_evictions: int = 50
+    max_parallel_evictions: int = 100
     lease_renew_interval: float = 300.0
     leader_election: bool = True
     leader_election_namespace: str = c.OPERATOR_NAMESPACE

@@ -155,7 +155,8 @@ def pod_namespace(pod: Pod) -> str:
 
 
 def pod_key(pod: Pod) -> str:
-    return f"{pod_namespace(pod)}/{pod_name(pod)}"
+    meta = pod["metadata"]  # inline: a pass asks it several times per pod of the node
+    return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
 def daemonset_owner(pod: Pod) -> str | None:
