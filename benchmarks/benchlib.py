@@ -33,13 +33,14 @@ import json
 import math
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -800,6 +801,30 @@ class DrainContext:
     gonmo_log_level: str = "info"
     timeout: float = 1800.0
     ceiling_parallel: int = 100
+    profile: Path | None = None  # py-spy's stacks of nmo during each drain go here
+
+
+@contextlib.asynccontextmanager
+async def profiled(pid: int, out: Path | None) -> AsyncIterator[None]:
+    """py-spy samples the process inside the block (100 Hz, collapsed stacks to
+    ``out``, drawn by ``benchmarks/flame.py``); nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        raise RuntimeError("--profile needs py-spy: pip install py-spy (into the venv)")
+    out.parent.mkdir(parents=True, exist_ok=True)  # once, before the drain
+    proc = await asyncio.create_subprocess_exec(
+        spy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
+        "--nonblocking", "--output", str(out),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its stacks and exits
+        await proc.wait()
 
 
 async def make_spares(ctx: DrainContext, count: int, capacity: int = 1000) -> None:
@@ -903,7 +928,10 @@ async def _drain_operator(ctx: DrainContext, node: str, tool: str, pods: int) ->
             if isinstance(op, Nmo):
                 counters = await op.metrics()
             try:
-                async with RssSampler(op.pid) as rss:
+                profile = None
+                if ctx.profile is not None and isinstance(op, Nmo):
+                    profile = ctx.profile / f"{tool}-{node}.txt"
+                async with RssSampler(op.pid) as rss, profiled(op.pid, profile):
                     started = time.monotonic()
                     await ok(http.post(NM, json=maintenance(name, node)))
                     done = await hub.wait(succeeded, ctx.timeout, f"{name} to succeed")

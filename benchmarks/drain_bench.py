@@ -58,10 +58,12 @@ ceiling, nmo's CPU-seconds per 1,000 pods <= the Go NMO's.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
 [--scenarios p100 p1000 pdb300] [--tools ceiling nmo gonmo kubectl]
-[--repeat N] [--nmo-log-level info] [--gonmo-log-level debug] [--work-dir DIR]``
-(``--work-dir`` keeps each drain's operator log, to read where its time
-went; ``--repeat``: N rounds per scenario, each starting with the next tool;
-the summary shows medians and ranges). The machine has 2 cores shared by
+[--repeat N] [--nmo-log-level info] [--gonmo-log-level debug] [--work-dir DIR]
+[--profile DIR]`` (``--work-dir`` keeps each drain's operator log, to read
+where its time went; ``--profile`` samples nmo with py-spy during each
+drain, ``benchmarks/flame.py`` draws the flame graph; ``--repeat``: N
+rounds per scenario, each starting with the next tool; the summary shows
+medians and ranges). The machine has 2 cores shared by
 the whole control plane, the operators and the benchmark; figures are
 noisy, compare ratios within one run, and never run two benchmarks at once
 (``flock /tmp/nmo-bench.lock make bench``).
@@ -229,6 +231,7 @@ async def main(opts: argparse.Namespace) -> int:
                 nmo_log_level=opts.nmo_log_level,
                 gonmo_log_level=opts.gonmo_log_level,
                 ceiling_parallel=opts.ceiling_parallel,
+                profile=opts.profile,
             )
             await make_spares(ctx, opts.spares)
             print(f"sandbox ready after {time.monotonic() - began:.1f}s", flush=True)
@@ -267,6 +270,13 @@ if __name__ == "__main__":
         help="keep nmo's logs and the sandbox here (default: a temp dir)",
     )
     parser.add_argument("--ceiling-parallel", type=int, default=100, help="evictions in flight")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy's stacks of nmo during each drain into this directory "
+        "(benchmarks/flame.py draws them; needs pip install py-spy)",
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds per scenario (tool order rotates); medians"
     )
