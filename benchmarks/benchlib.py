@@ -529,6 +529,12 @@ class Nmo(OperatorProcess):
     async def prepare(self) -> None:
         self.identity = self.identity or await bench_identity(self.sb)
 
+    def env(self) -> dict[str, str] | None:
+        """``NMO_BENCH_SRC``: run nmo from that source tree (``git worktree add``
+        of another commit's ``src``), for a before/after comparison in one run."""
+        src = os.environ.get("NMO_BENCH_SRC")
+        return None if not src else {**os.environ, "PYTHONPATH": src}
+
     def argv(self) -> list[str]:
         assert self.identity is not None, "start() finds the identity"
         script = Path(sys.executable).with_name("nmo")

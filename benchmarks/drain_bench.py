@@ -61,7 +61,8 @@ Run: ``make bench`` or ``.venv/bin/python benchmarks/drain_bench.py
 [--repeat N] [--nmo-log-level info] [--gonmo-log-level debug] [--work-dir DIR]
 [--profile DIR]`` (``--work-dir`` keeps each drain's operator log, to read
 where its time went; ``--profile`` samples nmo with py-spy during each
-drain, ``benchmarks/flame.py`` draws the flame graph; ``--repeat``: N
+drain, ``benchmarks/flame.py`` draws the flame graph; ``NMO_BENCH_SRC=<src>``
+runs nmo from another commit's source tree; ``--repeat``: N
 rounds per scenario, each starting with the next tool; the summary shows
 medians and ranges). The machine has 2 cores shared by
 the whole control plane, the operators and the benchmark; figures are

@@ -98,6 +98,7 @@ from benchlib import (
     operator,
     per_1000,
     prepare_workload,
+    profiled,
     quantile,
     ready_replicas,
     request_figures,
@@ -143,7 +144,9 @@ class Bench:
     out: dict[str, Any]
 
     def ctx(self) -> DrainContext:
-        return DrainContext(self.sb, self.http, self.work, [], timeout=1800.0)
+        return DrainContext(
+            self.sb, self.http, self.work, [], timeout=1800.0, profile=self.opts.profile
+        )
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -421,7 +424,14 @@ async def _concurrent_operator(
             window = AuditWindow.open(b.sb)
             if isinstance(op, Nmo):
                 counters = await op.metrics()
-            async with RssSampler(op.pid) as rss, _cancelling(empties):
+            profile = None
+            if ctx.profile is not None and isinstance(op, Nmo):
+                profile = ctx.profile / f"{tool}-concurrent.txt"
+            async with (
+                RssSampler(op.pid) as rss,
+                _cancelling(empties),
+                profiled(op.pid, profile),
+            ):
                 started = time.monotonic()
                 await asyncio.gather(
                     *(ok(http.post(NM, json=maintenance(f"bench-{n}", n))) for n in nodes)
@@ -695,6 +705,13 @@ if __name__ == "__main__":
         type=float,
         default=3600.0,
         help="part (d): seconds each operator may take (the Go NMO drains one node at a time)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="py-spy's stacks of nmo during parts (c) and (d) into this directory "
+        "(benchmarks/flame.py draws them; needs pip install py-spy)",
     )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(asyncio.run(main(parser.parse_args())))
