@@ -354,3 +354,22 @@ async def test_a_large_body_read_slowly_arrives_whole(
         assert bytes(got) == bytes(range(256)) * 4096
         assert (await http.get("/echo")).text == "/echo"
         assert server.connections == 1
+
+
+async def test_a_new_tls_connection_resumes_the_last_session(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """No certificate exchange once a session is known: a burst of new
+    connections (evictions) costs a resumption each, not a full handshake."""
+    server_ctx, client_ctx = tls
+    transport = Transport(ssl_context=client_ctx, max_connections=8, max_keepalive=8)
+    async with Server(server_ctx) as server, httpx.AsyncClient(
+        base_url=server.url, transport=transport
+    ) as http:
+        assert (await http.get("/echo")).text == "/echo"  # a full handshake; its ticket kept
+        assert transport.sessions_resumed == 0
+        server.release.set()
+        answers = await asyncio.gather(*(http.get("/hold") for _ in range(4)))
+        assert [a.text for a in answers] == ["/hold"] * 4
+        assert transport.connections_opened == server.connections == 4
+        assert transport.sessions_resumed == 3  # the three opened for the burst

@@ -59,12 +59,19 @@ class _Wire(asyncio.Protocol):
     in 64 KiB reads, into a buffer only as large as what is unread.
     """
 
-    def __init__(self, tls: ssl.SSLContext | None, server_hostname: str) -> None:
+    def __init__(
+        self,
+        tls: ssl.SSLContext | None,
+        server_hostname: str,
+        session: ssl.SSLSession | None = None,
+    ) -> None:
         self._sslobj: ssl.SSLObject | None = None
         self._in = self._out = None
         if tls is not None:
             self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
-            self._sslobj = tls.wrap_bio(self._in, self._out, server_hostname=server_hostname)
+            self._sslobj = tls.wrap_bio(
+                self._in, self._out, server_hostname=server_hostname, session=session
+            )
         loop = asyncio.get_running_loop()
         self.ready: asyncio.Future[None] = loop.create_future()  # connected (handshake done)
         self._transport: asyncio.Transport | None = None
@@ -198,6 +205,16 @@ class _Wire(asyncio.Protocol):
         if self._writable is not None:
             await self._writable
 
+    @property
+    def resumed(self) -> bool:
+        return self._sslobj is not None and self._sslobj.session_reused
+
+    @property
+    def session(self) -> ssl.SSLSession | None:
+        """The TLS session to resume on the next connection (TLS 1.3 sends its
+        ticket after the handshake: there once a response was read)."""
+        return None if self._sslobj is None else self._sslobj.session
+
     def usable(self) -> bool:
         """Open, nothing unread, the server has not closed it."""
         transport = self._transport
@@ -217,11 +234,12 @@ class _Wire(asyncio.Protocol):
 class _Connection:
     """One keep-alive connection: its bytes and its h11 state machine."""
 
-    __slots__ = ("h11", "idle_since", "origin", "wire")
+    __slots__ = ("h11", "idle_since", "origin", "sni", "wire")
 
-    def __init__(self, origin: Origin, wire: _Wire) -> None:
+    def __init__(self, origin: Origin, wire: _Wire, sni: str) -> None:
         self.origin = origin
         self.wire = wire
+        self.sni = sni
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
 
@@ -332,8 +350,12 @@ class Transport(httpx.AsyncBaseTransport):
         self._idle_count = 0
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        # The last TLS session per (origin, server name): a new connection resumes
+        # it (no certificate exchange, no signature) instead of a full handshake.
+        self._sessions: dict[tuple[Origin, str], ssl.SSLSession] = {}
         self._closed = False
         self.connections_opened = 0  # for tests and the benchmarks
+        self.sessions_resumed = 0
 
     @property
     def open_connections(self) -> int:
@@ -437,7 +459,8 @@ class Transport(httpx.AsyncBaseTransport):
         wire: _Wire | None = None
         try:
             async with asyncio.timeout(timeout):
-                _, wire = await loop.create_connection(lambda: _Wire(tls, sni), host, port)
+                session = self._sessions.get((origin, sni)) if tls is not None else None
+                _, wire = await loop.create_connection(lambda: _Wire(tls, sni, session), host, port)
                 await wire.ready
         except TimeoutError as exc:
             if wire is not None:
@@ -448,7 +471,9 @@ class Transport(httpx.AsyncBaseTransport):
                 wire.close()
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
         self.connections_opened += 1
-        return _Connection(origin, wire)
+        if wire.resumed:
+            self.sessions_resumed += 1
+        return _Connection(origin, wire, sni)
 
     def _finished(self, conn: _Connection) -> None:
         """A response was read to its end: keep the connection for the next request."""
@@ -462,6 +487,9 @@ class Transport(httpx.AsyncBaseTransport):
             self._discard(conn)
             return
         state.start_next_cycle()
+        session = conn.wire.session
+        if session is not None:
+            self._sessions[(conn.origin, conn.sni)] = session
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.origin, deque()).append(conn)
         self._idle_count += 1
