@@ -363,9 +363,10 @@ async def test_a_new_tls_connection_resumes_the_last_session(
     connections (evictions) costs a resumption each, not a full handshake."""
     server_ctx, client_ctx = tls
     transport = Transport(ssl_context=client_ctx, max_connections=8, max_keepalive=8)
-    async with Server(server_ctx) as server, httpx.AsyncClient(
-        base_url=server.url, transport=transport
-    ) as http:
+    async with (
+        Server(server_ctx) as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
         assert (await http.get("/echo")).text == "/echo"  # a full handshake; its ticket kept
         assert transport.sessions_resumed == 0
         server.release.set()
