@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nmo.api.models import NodeMaintenance
 from nmo.core.maintenance.drainstate import PodDrainState
 from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts
 from nmo.kube.informer import Informer
@@ -89,6 +90,18 @@ class Memory:
     fetched: Fetched = field(default_factory=Fetched)  # read for this reconcile's next rounds
     lease_failure: LeaseFailure | None = None  # the last pass's lease request failed
     api_error: str | None = None  # the last pass ended on this API error
+    # The CR as last parsed, with its resourceVersion: a pass parses it again
+    # only when it changed (its status can list every pod of the node).
+    parsed: tuple[str, NodeMaintenance] | None = None
+
+    def parse(self, raw: Obj) -> NodeMaintenance:
+        """``raw`` as a model, parsed once per resourceVersion."""
+        rv = str(raw["metadata"].get("resourceVersion") or "")
+        if rv and self.parsed is not None and self.parsed[0] == rv:
+            return self.parsed[1]
+        nm = NodeMaintenance.from_api(raw)
+        self.parsed = (rv, nm) if rv else None
+        return nm
 
     def planned_failures(self) -> None:
         """A plan that does not only read has taken the recorded failures into account."""

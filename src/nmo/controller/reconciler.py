@@ -137,16 +137,16 @@ class Reconciler:
         if raw is None:
             ports.memories.forget_name(name)
             return DONE
-        nm = NodeMaintenance.from_api(raw)
-        record = ports.memories.recall(nm.metadata.uid, name, nm.spec.node_name)
+        meta, spec = raw["metadata"], raw.get("spec") or {}
+        record = ports.memories.recall(
+            str(meta.get("uid") or ""), name, str(spec.get("nodeName") or "")
+        )
         record.fetched = Fetched()
         for _ in range(MAX_ROUNDS):
-            current = ports.maintenances.get(name)
-            if current is None or record.forgotten:
+            raw = ports.maintenances.get(name)
+            if raw is None or record.forgotten:
                 return DONE
-            if current is not raw:  # the cache has a newer copy (a write of this pass)
-                raw, nm = current, NodeMaintenance.from_api(current)
-            observed = self.observe(nm, record)
+            observed = self.observe(record.parse(raw), record)
             plan = planner.plan(observed, self.settings)
             if not plan.reads:
                 record.planned_failures()
@@ -171,7 +171,7 @@ class Reconciler:
         raw = self.ports.maintenances.get(name)
         if raw is None:
             return
-        observed = self.observe(NodeMaintenance.from_api(raw), record)
+        observed = self.observe(record.parse(raw), record)
         plan = planner.plan(observed, self.settings)
         if plan.report is None:
             return  # said already, within the heartbeat
