@@ -234,3 +234,45 @@ async def test_an_event_older_than_a_write_through_does_not_regress_the_store(
     assert informer.store["a"]["metadata"]["resourceVersion"] == "20" and seen == []
     informer._apply("MODIFIED", node("a", "21"))
     assert informer.store["a"]["metadata"]["resourceVersion"] == "21" and seen == ["21"]
+
+
+async def test_a_big_list_is_read_in_small_pages_and_its_garbage_released(
+    api_server: respx.MockRouter,
+    kube: Kube,
+    no_wait: list[float],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pages of 100 by default; after a LIST of COMPACT_AFTER objects or more
+    (not a smaller one) the garbage is released once, before ``synced``."""
+    released: list[int] = []
+    count = informer.COMPACT_AFTER
+
+    def page(start: int, stop: int, cont: str | None, rv: str = "40") -> httpx.Response:
+        meta = {"resourceVersion": rv} | ({"continue": cont} if cont else {})
+        items = [node(f"n{i}", "5") for i in range(start, stop)]
+        return httpx.Response(200, json={"metadata": meta, "items": items})
+
+    per = informer.PAGE_SIZE
+    lists = [page(i, min(i + per, count), str(i + per) if i + per < count else None)
+             for i in range(0, count, per)]  # fmt: skip
+    script = Script(
+        lists=[*lists, page(0, 10, None, rv="50")],
+        watches=[httpx.Response(200, content=events(("ERROR", {"code": 410, "message": "old"})))],
+    )
+    route = api_server.get(PATH).mock(side_effect=script)
+    cache = Informer(kube, PATH, name="nodes", on_synced=lambda: released.append(-1))
+    monkeypatch.setattr(informer, "release_garbage", lambda: released.append(len(cache.store)))
+    await run_until(cache, script.done)
+    pages = [dict(c.request.url.params) for c in route.calls if "watch" not in c.request.url.params]
+    assert {p.get("limit") for p in pages} == {str(per)}
+    assert len(pages) == len(lists) + 1
+    assert released == [count, -1], (
+        "once after the big LIST, before synced; not after the small one"
+    )
+    assert len(cache.store) == 10
+
+
+def test_release_garbage_trims_the_c_heap_where_it_can() -> None:
+    informer.release_garbage()  # glibc: malloc_trim; elsewhere a collection only
+    trim = informer._malloc_trim()
+    assert trim is None or trim(0) in (0, 1)

@@ -6,10 +6,21 @@ API server sends (a kwok pod arrives at about 27 KB with managedFields; its
 slim copy is a few hundred bytes). Each function documents who reads what;
 a reader of a field not kept here sees it missing, so a new reader must add
 its field here (the unit tests pin the kept fields).
+
+Nodes are the one kind cached by the thousand (every replica holds every
+Node of the cluster), so their copies are cut closest: only the label keys
+and the condition nmo reads, strings that repeat from node to node
+interned, and the parts most nodes share (no labels nmo reads, no taints,
+Ready=True) one read-only object for all of them. Cached objects are never
+written to; a shared part refuses a write (``TypeError``) rather than let it
+reach every node.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from nmo.api import constants as c
@@ -36,29 +47,69 @@ def maintenance(obj: Obj) -> Obj:
     return obj
 
 
+# What nmo reads of a Node's labels: the control-plane role (the webhook's and
+# the planner's etcd-quorum rule) and the label a maintenance sets.
+NODE_LABELS = (c.MASTER_ROLE_LABEL, c.CONTROL_PLANE_ROLE_LABEL, c.EXCLUDE_FROM_REMEDIATION_LABEL)
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_READY_STATUSES = ("True", "False", "Unknown")
+# status for a node whose Ready condition has this status (None: it has none).
+_STATUS: dict[str | None, Mapping[str, Any]] = {
+    value: MappingProxyType({"conditions": (MappingProxyType({"type": "Ready", "status": value}),)})
+    for value in _READY_STATUSES
+} | {None: MappingProxyType({"conditions": ()})}
+_TAINT_STRINGS = ("key", "value", "effect")  # repeated from node to node: interned
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if type(value) is str else value
+
+
+def _node_status(status: Any) -> Mapping[str, Any]:
+    for cond in (status or {}).get("conditions") or ():
+        if cond.get("type") == "Ready":
+            value = cond.get("status")
+            if value in _READY_STATUSES:
+                return _STATUS[value]
+            ready = {"type": "Ready"} if value is None else {"type": "Ready", "status": value}
+            return {"conditions": (ready,)}
+    return _STATUS[None]
+
+
 def node(obj: Obj) -> Obj:
-    """Node: identity, labels (webhook's control-plane check, the label nmo sets),
-    taints and cordon (enter/leave patches), Ready condition, and of the
-    annotations only nmo's prior-state record. The annotations map stays
-    (empty if need be) when the node has one, so a patch adding the record
-    adds a key to it instead of replacing a map it cannot see."""
-    meta = _meta(obj, ("name", "uid", "resourceVersion", "creationTimestamp", "labels"))
-    annotations = (obj.get("metadata") or {}).get("annotations")
+    """Node: identity; of the labels only :data:`NODE_LABELS` (the webhook's and
+    the etcd-quorum rule's control-plane check, the label nmo sets); of the
+    annotations only nmo's prior-state record; taints and cordon (enter/leave
+    patches: every taint kept whole, a leave patch writes the others back);
+    the Ready condition's status (the fleet budget's count of unavailable
+    nodes). The labels and annotations maps stay (empty if need be) when the
+    node has them, so a patch adding a label or the record adds a key to the
+    map instead of replacing one it cannot see."""
+    src = obj.get("metadata") or {}
+    meta: Obj = {k: src[k] for k in ("name", "uid", "resourceVersion") if src.get(k) is not None}
+    labels = src.get("labels")
+    if isinstance(labels, dict):
+        kept = {k: _interned(labels[k]) for k in NODE_LABELS if k in labels}
+        meta["labels"] = kept or _EMPTY
+    annotations = src.get("annotations")
     if isinstance(annotations, dict):
-        meta["annotations"] = {
-            k: v for k, v in annotations.items() if k == c.PRIOR_STATE_ANNOTATION
-        }
-    out: Obj = {
-        "apiVersion": obj.get("apiVersion", "v1"),
-        "kind": obj.get("kind", "Node"),
+        record = annotations.get(c.PRIOR_STATE_ANNOTATION, _EMPTY)
+        meta["annotations"] = _EMPTY if record is _EMPTY else {c.PRIOR_STATE_ANNOTATION: record}
+    spec = obj.get("spec") or {}
+    slim_spec: Obj = {}
+    taints = spec.get("taints")
+    if taints is not None:
+        slim_spec["taints"] = [
+            {k: _interned(v) if k in _TAINT_STRINGS else v for k, v in t.items()} for t in taints
+        ]
+    if spec.get("unschedulable") is not None:
+        slim_spec["unschedulable"] = spec["unschedulable"]
+    return {
+        "apiVersion": _interned(obj.get("apiVersion", "v1")),
+        "kind": _interned(obj.get("kind", "Node")),
         "metadata": meta,
-        "spec": _pick(obj.get("spec"), ("taints", "unschedulable")),
+        "spec": slim_spec or _EMPTY,
+        "status": _node_status(obj.get("status")),
     }
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    out["status"] = {
-        "conditions": [_pick(cond, ("type", "status")) for cond in conditions if "type" in cond]
-    }
-    return out
 
 
 def pod(obj: Obj) -> Obj:
