@@ -173,6 +173,14 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         self._disarm()
         self._used()
+        cycle = self.cycle
+        if cycle is not None:
+            # Undo the two references back to the request that handle_events
+            # made (its transport, its body hints): the request's objects are
+            # then freed as soon as they are dropped, not left as reference
+            # cycles for the collector, whose runs delay every review waiting.
+            cycle.transport = self.transport
+            cycle.scope.get("extensions", {}).pop(BUFFERED, None)
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
