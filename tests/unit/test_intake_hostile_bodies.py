@@ -229,3 +229,28 @@ async def test_a_big_body_held_whole_still_needs_an_upload_slot() -> None:
             await read_review_body(held(body), uploads=uploads)
     assert refused.value.status_code == 429
     assert await read_review_body(held(body), uploads=uploads) == body
+
+
+@pytest.mark.parametrize(
+    ("size", "threaded"),
+    [(PARSE_INLINE_BYTES, False), (PARSE_INLINE_BYTES + 1, True)],
+    ids=["at the threshold: inline", "past it: a worker thread"],
+)
+async def test_only_a_body_past_the_threshold_is_parsed_in_a_thread(
+    monkeypatch: pytest.MonkeyPatch, size: int, threaded: bool
+) -> None:
+    handed: list[int] = []
+    to_thread = asyncio.to_thread
+
+    async def counting(func: Any, body: bytes) -> Any:
+        handed.append(len(body))
+        return await to_thread(func, body)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    doc = json.dumps(review()).encode()
+    body = doc + b" " * (size - len(doc))  # JSON may end in whitespace
+    assert len(body) == size
+    async with client() as http:
+        resp = await http.post(WEBHOOK_PATH, content=body)
+    assert resp.json()["response"]["allowed"] is True
+    assert handed == ([size] if threaded else [])

@@ -18,6 +18,11 @@ Guarantees of the webhook app (behavior.md A6):
   answer is never a 5xx;
 * a body over :data:`PARSE_INLINE_BYTES` is parsed in a worker thread, one at
   a time, so the event loop (probes, leader lease, the operator) keeps turning;
+  one of the usual few KiB is parsed inline, which costs less than the
+  hand-over would;
+* a review is answered before FastAPI's middleware and router (:func:`_direct`),
+  which add nothing to it but CPU; other paths, other methods and the
+  lifespan are FastAPI's (404, 405);
 * the API requests a review's lookups make are charged to its peer address
   (:meth:`nmo.webhooks.validators.Lookups.for_requester`), as are a metrics
   scrape's reviews (:class:`nmo.server.metricsauth.MetricsAuth`);
@@ -202,8 +207,8 @@ def _direct(app: FastAPI, answer: Callable[[Request], Awaitable[_Answer]]) -> AS
     before its middleware stack and router.
 
     Those layers (error, telemetry, body-limit and exception middleware, the
-    router, dependency solving, a Response object) cost about a tenth of a
-    review's CPU (docs/performance.md) and add nothing to it: the review
+    router, dependency solving, a Response object) took about 7% of nmo's CPU
+    per review (docs/performance.md) and add nothing to it: the review
     handler answers every outcome itself. Anything else (the lifespan, other
     paths and methods) is FastAPI's. A bug that escapes the handler is still
     a logged 500, as FastAPI's error middleware would make it.
