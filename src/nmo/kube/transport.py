@@ -234,12 +234,13 @@ class _Wire(asyncio.Protocol):
 class _Connection:
     """One keep-alive connection: its bytes and its h11 state machine."""
 
-    __slots__ = ("h11", "idle_since", "origin", "sni", "wire")
+    __slots__ = ("fresh", "h11", "idle_since", "origin", "sni", "wire")
 
     def __init__(self, origin: Origin, wire: _Wire, sni: str) -> None:
         self.origin = origin
         self.wire = wire
         self.sni = sni
+        self.fresh = True  # no response read yet
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
 
@@ -487,9 +488,11 @@ class Transport(httpx.AsyncBaseTransport):
             self._discard(conn)
             return
         state.start_next_cycle()
-        session = conn.wire.session
-        if session is not None:
-            self._sessions[(conn.origin, conn.sni)] = session
+        if conn.fresh:  # its first response: the server's ticket has come with it
+            conn.fresh = False  # (asking OpenSSL for the session costs as much as a request)
+            session = conn.wire.session
+            if session is not None:
+                self._sessions[(conn.origin, conn.sni)] = session
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.origin, deque()).append(conn)
         self._idle_count += 1
