@@ -374,3 +374,28 @@ async def test_a_new_tls_connection_resumes_the_last_session(
         assert [a.text for a in answers] == ["/hold"] * 4
         assert transport.connections_opened == server.connections == 4
         assert transport.sessions_resumed == 3  # the three opened for the burst
+
+
+async def test_a_waiter_cancelled_after_its_wake_up_passes_it_on() -> None:
+    async with client(max_connections=1, max_keepalive=1) as (server, http, transport):
+        held = asyncio.create_task(http.get("/hold"))
+        while not server.requests:
+            await server_turn()
+        long = httpx.Timeout(60.0)
+        first = asyncio.create_task(http.get("/echo", timeout=long))
+        second = asyncio.create_task(http.get("/echo", timeout=long))
+        while len(transport._waiters) < 2:
+            await server_turn()
+        wake = transport._wake
+
+        def wake_then_cancel() -> None:  # `first` is woken, and cancelled before it runs
+            transport._wake = wake  # type: ignore[method-assign]
+            wake()
+            first.cancel()
+
+        transport._wake = wake_then_cancel  # type: ignore[method-assign]
+        server.release.set()
+        assert (await held).text == "/hold"
+        assert (await asyncio.wait_for(second, 5)).text == "/echo"  # not stuck for 60 s
+        assert first.cancelled()
+        assert server.connections == transport.connections_opened == 1

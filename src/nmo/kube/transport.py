@@ -427,11 +427,14 @@ class Transport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout):
                 await waiter
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no connection free in time", request=request) from exc
-        finally:
+        except BaseException as exc:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+            elif waiter.done() and not waiter.cancelled():
+                self._wake()  # woken, then cancelled: the free slot goes to the next
+            if isinstance(exc, TimeoutError):
+                raise httpx.PoolTimeout("no connection free in time", request=request) from exc
+            raise
 
     def _wake(self) -> None:
         while self._waiters:
