@@ -14,12 +14,14 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import kr8s
 import pytest
 import respx
 
+from conftest import KUBECONFIG
 from nmo.kube.client import Kube, _widen_pool
 from nmo.kube.transport import READ_SIZE, Transport
 from nmo_sandbox.pki import generate_pki, issue_serving_cert
@@ -399,3 +401,147 @@ async def test_a_waiter_cancelled_after_its_wake_up_passes_it_on() -> None:
         assert (await asyncio.wait_for(second, 5)).text == "/echo"  # not stuck for 60 s
         assert first.cancelled()
         assert server.connections == transport.connections_opened == 1
+
+
+# -- found in review (each failed before its fix) ------------------------------
+
+
+async def test_without_a_context_httpxs_default_is_built_once_and_sessions_resume(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kr8s's ssl_context() is True for a kubeconfig with no CA nor client cert:
+    httpx's default context (SSL_CERT_FILE here), one for every connection, so
+    a session taken on one resumes on the next (a context per connection made
+    every second connection fail with a ValueError)."""
+    server_ctx, _ = tls
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "pki" / "ca.crt"))
+    transport = Transport(ssl_context=None, max_connections=8, max_keepalive=8)
+    async with (
+        Server(server_ctx) as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
+        assert (await http.get("/echo")).text == "/echo"
+        server.release.set()
+        answers = await asyncio.gather(http.get("/hold"), http.get("/hold"))
+        assert [a.text for a in answers] == ["/hold", "/hold"]
+        assert transport.sessions_resumed == 1
+
+
+async def test_a_request_cancelled_in_the_handshake_closes_its_socket() -> None:
+    accepted = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await reader.read()  # the ClientHello is never answered; b"" once the client closes
+        while not reader.at_eof():
+            await reader.read()
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = Transport(
+        ssl_context=ssl.create_default_context(), max_connections=2, max_keepalive=2
+    )
+    async with httpx.AsyncClient(transport=transport) as http:
+        task = asyncio.create_task(http.get(f"https://127.0.0.1:{port}/", timeout=30))
+        await accepted.wait()
+        for _ in range(5):
+            await server_turn()  # the ClientHello is out: the request waits for the answer
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(closed.wait(), 5)  # the server saw the client close
+        assert transport.open_connections == 0
+    server.close()
+
+
+async def test_a_body_closed_while_its_reader_was_woken_is_not_pooled() -> None:
+    """aclose() from another task between the wake-up and the read: the
+    connection is dropped once, never pooled (it used to be pooled closed, and
+    its slot given back twice)."""
+    async with client(max_connections=4, max_keepalive=4) as (server, http, transport):
+        async with http.stream("GET", "/stream") as resp:
+            chunks = resp.aiter_raw()
+            body: Any = resp.stream
+            wire = body._stream._conn.wire
+
+            async def next_chunk() -> bytes:
+                return await anext(chunks)
+
+            while True:  # read until the reader waits on the socket (the last chunk held)
+                reader = asyncio.create_task(next_chunk())
+                for _ in range(20):
+                    await server_turn()
+                if not reader.done():
+                    break
+            wire.data_received(b"6\r\nline3\n\r\n0\r\n\r\n")  # the end arrives: woken
+            await resp.aclose()  # ...and the body is closed before the reader runs
+            with pytest.raises(httpx.StreamClosed):
+                await reader
+        assert not any(transport._idle.values())
+        assert transport.open_connections == 0
+        server.release.set()
+        assert (await http.get("/echo")).text == "/echo"
+        assert transport.open_connections == 1
+
+
+async def test_a_header_h11_refuses_is_an_httpx_transport_error() -> None:
+    async with client() as (_server, http, transport):
+        with pytest.raises(httpx.LocalProtocolError):
+            await http.get("/echo", headers={"Authorization": "Bearer abc\x00"})
+        assert transport.open_connections == 0
+
+
+async def test_a_response_head_of_21_kib_in_two_reads_is_read() -> None:
+    warnings = b"".join(b'Warning: 299 - "%s"\r\n' % (b"x" * 200) for _ in range(100))
+    head = b"HTTP/1.1 200 OK\r\n" + warnings
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head[:17000])
+        await writer.drain()
+        for _ in range(5):
+            await server_turn()
+        writer.write(head[17000:] + b"Content-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = Transport(ssl_context=None, max_connections=1, max_keepalive=1)
+    async with httpx.AsyncClient(transport=transport) as http:
+        resp = await http.get(f"http://127.0.0.1:{port}/")
+        assert resp.text == "ok" and len(resp.headers.get_list("warning")) == 100
+    server.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "ours"),
+    [
+        ({"HTTPS_PROXY": "http://proxy.test:3128"}, False),
+        ({"ALL_PROXY": "http://proxy.test:3128"}, False),
+        ({"HTTPS_PROXY": "http://proxy.test:3128", "NO_PROXY": "k8s.test"}, True),
+        ({}, True),
+    ],
+)
+async def test_a_proxy_from_the_environment_keeps_httpxs_transport(
+    api_server: respx.MockRouter,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    ours: bool,
+) -> None:
+    """httpx reads HTTP(S)_PROXY, ALL_PROXY and NO_PROXY only without a transport
+    of one's own: nmo's is used only when the environment proxies nothing."""
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    api = await kr8s.asyncio.api(kubeconfig=KUBECONFIG)  # type: ignore[arg-type]
+    await api._create_session()
+    await _widen_pool(api, httpx.Limits(max_connections=4, max_keepalive_connections=2))
+    assert api._session is not None
+    assert isinstance(api._session._transport, Transport) is ours
+    await Kube(api).close()

@@ -35,6 +35,7 @@ import os
 import re
 import ssl
 import stat
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -204,7 +205,9 @@ async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
         verify = await api.auth.ssl_context()
         proxy = api.auth.proxy
         transport = None
-        if not proxy:
+        # httpx stops reading HTTP(S)_PROXY/ALL_PROXY/NO_PROXY once it is given a
+        # transport: keep its own whenever the environment proxies the API server.
+        if not proxy and _env_proxy(str(api.auth.server)) is None:
             transport = Transport(
                 ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
                 max_connections=_bound(limits.max_connections),
@@ -226,6 +229,14 @@ async def _widen_pool(api: Any, limits: httpx.Limits) -> None:
     create_session._nmo_widened = True  # type: ignore[attr-defined]
     api._create_session = create_session
     await create_session()
+
+
+def _env_proxy(server: str) -> str | None:
+    """The proxy the environment names for ``server`` (``NO_PROXY`` honoured)."""
+    url = httpx.URL(server)
+    proxies = urllib.request.getproxies()
+    found = proxies.get(url.scheme) or proxies.get("all")
+    return found if found and not urllib.request.proxy_bypass(url.host) else None
 
 
 def _bound(value: float | None) -> float:

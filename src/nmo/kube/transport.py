@@ -234,14 +234,15 @@ class _Wire(asyncio.Protocol):
 class _Connection:
     """One keep-alive connection: its bytes and its h11 state machine."""
 
-    __slots__ = ("fresh", "h11", "idle_since", "origin", "sni", "wire")
+    __slots__ = ("dropped", "fresh", "h11", "idle_since", "origin", "sni", "wire")
 
     def __init__(self, origin: Origin, wire: _Wire, sni: str) -> None:
         self.origin = origin
         self.wire = wire
         self.sni = sni
         self.fresh = True  # no response read yet
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.dropped = False
+        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=100 * 1024)
         self.idle_since = 0.0
 
     def reusable(self, now: float, expiry: float) -> bool:
@@ -254,16 +255,19 @@ class _Connection:
     async def send(self, request: httpx.Request, body: bytes, timeout: float | None) -> None:
         headers = request.headers.raw
         target = request.url.raw_path
-        out = self.h11.send(h11.Request(method=request.method, target=target, headers=headers))
-        assert out is not None
-        data = [out]
-        if body:
-            chunk = self.h11.send(h11.Data(data=body))
-            assert chunk is not None
-            data.append(chunk)
-        end = self.h11.send(h11.EndOfMessage())
-        assert end is not None
-        data.append(end)
+        try:
+            out = self.h11.send(h11.Request(method=request.method, target=target, headers=headers))
+            assert out is not None
+            data = [out]
+            if body:
+                chunk = self.h11.send(h11.Data(data=body))
+                assert chunk is not None
+                data.append(chunk)
+            end = self.h11.send(h11.EndOfMessage())
+            assert end is not None
+            data.append(end)
+        except h11.LocalProtocolError as exc:
+            raise httpx.LocalProtocolError(str(exc), request=request) from exc
         try:
             async with asyncio.timeout(timeout):
                 await self.wire.write(b"".join(data))
@@ -312,6 +316,8 @@ class _Body(httpx.AsyncByteStream):
             return
         while True:
             event = await conn.next_event(self._request, self._timeout)
+            if self._conn is not conn:  # closed meanwhile (aclose): already discarded
+                raise httpx.StreamClosed()
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
@@ -343,7 +349,10 @@ class Transport(httpx.AsyncBaseTransport):
         max_keepalive: float,
         keepalive_expiry: float = 5.0,
     ) -> None:
-        self._ssl = ssl_context
+        # kr8s's ssl_context() is True (not a context) when the kubeconfig names no
+        # CA, client cert nor insecure flag: httpx's default then (certifi or
+        # SSL_CERT_FILE), built once -- a TLS session resumes only on its own context.
+        self._ssl = ssl_context if ssl_context is not None else httpx.create_ssl_context()
         self.max_connections = max_connections  # open at once, busy or idle
         self.max_keepalive = max_keepalive  # idle ones kept
         self.keepalive_expiry = keepalive_expiry  # seconds an idle one is kept
@@ -456,8 +465,6 @@ class Transport(httpx.AsyncBaseTransport):
     ) -> _Connection:
         scheme, host, port = origin
         tls = self._ssl if scheme == "https" else None
-        if scheme == "https" and tls is None:
-            tls = ssl.create_default_context()
         sni = request.extensions.get("sni_hostname") or host
         loop = asyncio.get_running_loop()
         wire: _Wire | None = None
@@ -474,6 +481,10 @@ class Transport(httpx.AsyncBaseTransport):
             if wire is not None:
                 wire.close()
             raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        except BaseException:  # cancelled mid-handshake: nobody else will close it
+            if wire is not None:
+                wire.close()
+            raise
         self.connections_opened += 1
         if wire.resumed:
             self.sessions_resumed += 1
@@ -505,6 +516,9 @@ class Transport(httpx.AsyncBaseTransport):
         self._drop(conn)
 
     def _drop(self, conn: _Connection) -> None:
+        if conn.dropped:  # its slot was given back already
+            return
+        conn.dropped = True
         conn.close()
         self._open -= 1
         self._wake()
