@@ -5,11 +5,18 @@ One sandbox, grown step by step (``--parts``, default all four):
 (a) idle RSS. ``--pods`` (default 0 5000 10000 20000) Running pods spread
     over ``--bulk-nodes`` (20) kwok nodes, made by Deployments of up to
     ``--replicas-per-deployment`` (1000) replicas and waited for until
-    Ready; then, with the pods gone, ``--nodes`` (100 500) nodes in total.
-    At each step a fresh ``nmo run`` is started, ``/readyz`` (caches
-    synced) awaited, and after ``--settle`` (10) s its RSS is read. Printed:
-    MiB per step and the delta vs the first (empty) step, plus the time to
-    ready, the startup peak and the CPU time used starting and settling.
+    Ready; then, with the pods gone, ``--nodes`` (100 500) nodes in total
+    (up to the 5,000 of Kubernetes' limits: created 50 at a time, about 2
+    minutes for 5,000 on 2 cores). At each step a fresh ``nmo run`` is
+    started, ``/readyz`` (caches synced) awaited, and after ``--settle``
+    (10) s its RSS is read. Printed: MiB per step, the delta vs the first
+    step and KiB per node added since it, the time to ready, the startup
+    peak and the CPU time used until ready and while settling.
+    ``--against COMMIT...`` runs those commits' nmo beside this one's at
+    every step (before/after in one sandbox; their ``src`` exported with
+    ``git archive``), ``--idle-tools nmo gonmo`` the Go NMO too (it caches
+    no Nodes). ``--latency-nodes`` (e.g. 100 5000) runs part (b)'s latency
+    at those node steps too: a maintenance in a small and a big cluster.
 (b) reaction latency, at the ``--workload-pods`` step (default 10000): for
     each of ``--latency-crs`` (50) empty nodes, ONE AT A TIME, create a
     NodeMaintenance and time create -> everything in place (phase Running
@@ -77,6 +84,7 @@ from benchlib import (
     NM,
     AuditWindow,
     DrainContext,
+    GoNmo,
     Hub,
     Mirror,
     Nmo,
@@ -112,9 +120,11 @@ from ceiling import (
     list_node_pods,
     wait_node_empty,
 )
+from idle_compare import export_src
 
 from nmo.api import constants as c
 from nmo_sandbox import Sandbox
+from nmo_sandbox.nodes import node_is_ready, node_manifest
 
 OPERATORS = ("nmo", "gonmo")
 # Each operator's figures of a part (c) drain, in the part's record as <tool>_<figure>.
@@ -135,6 +145,15 @@ BULK_LABEL = "bench-bulk"
 Obj = dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Idler:
+    """Who idles at each step of part (a): nmo (this checkout or ``src``) or the Go NMO."""
+
+    label: str
+    tool: str = "nmo"
+    src: Path | None = None  # another commit's src/ (``--against``)
+
+
 @dataclass
 class Bench:
     sb: Sandbox
@@ -142,6 +161,7 @@ class Bench:
     work: Path
     opts: argparse.Namespace
     out: dict[str, Any]
+    idlers: tuple[Idler, ...] = (Idler("nmo"),)
 
     def ctx(self) -> DrainContext:
         return DrainContext(
@@ -200,35 +220,87 @@ async def scale_bulk(b: Bench, pods: int) -> float:
 
 
 async def node_count(http: httpx.AsyncClient) -> int:
-    return len((await ok(http.get("/api/v1/nodes")))["items"])
+    nodes = await ok(http.get("/api/v1/nodes", params={"resourceVersion": "0"}))
+    return len(nodes["items"])
 
 
 # -- (a) idle RSS ---------------------------------------------------------------
 
 
-async def idle_rss(b: Bench, label: str, pods: int) -> dict[str, Any]:
-    nmo = Nmo(b.sb, b.work / f"nmo-idle-{label}.log")
-    await nmo.start(timeout=1200)
+async def add_nodes(http: httpx.AsyncClient, names: list[str], label: str) -> None:
+    """Create kwok nodes labelled ``label=yes``, 50 at a time, and wait until
+    all are usable, reading only the nodes so labelled from the apiserver's
+    cache (``create_nodes`` reads the whole node list every half second: at
+    5,000 nodes that slows the apiserver which is making them Ready)."""
+    sem = asyncio.Semaphore(50)
+
+    async def one(name: str) -> None:
+        async with sem:
+            body = node_manifest(name, labels={label: "yes"})
+            await ok(http.post("/api/v1/nodes", json=body), 201, 409)
+
+    await asyncio.gather(*(one(n) for n in names))
+    wanted = set(names)
+    params = {"resourceVersion": "0", "labelSelector": f"{label}=yes"}
+
+    async def ready() -> bool:
+        items = (await ok(http.get("/api/v1/nodes", params=params)))["items"]
+        return wanted <= {n["metadata"]["name"] for n in items if node_is_ready(n)}
+
+    await until(
+        ready,
+        max(300.0, len(names) * 0.2),
+        f"{len(names)} nodes to be Ready",
+        interval=0.2 if len(names) < 50 else 3.0,
+    )
+
+
+async def idle_rss(b: Bench, label: str, pods: int, who: Idler = Idler("nmo")) -> dict[str, Any]:
+    if who.tool == "gonmo":
+        proc: Nmo | GoNmo = GoNmo(b.sb, b.work / f"gonmo-idle-{label}.log")
+    else:
+        proc = Nmo(b.sb, b.work / f"{who.label}-idle-{label}.log")
+    saved = os.environ.get("NMO_BENCH_SRC")
+    if who.src is not None:
+        os.environ["NMO_BENCH_SRC"] = str(who.src)
     try:
-        async with RssSampler(nmo.pid, interval=0.2) as rss:
+        await proc.start(timeout=1200)
+    finally:
+        if saved is None:
+            os.environ.pop("NMO_BENCH_SRC", None)
+        else:
+            os.environ["NMO_BENCH_SRC"] = saved
+    try:
+        async with RssSampler(proc.pid, interval=0.2) as rss:
             # Part of the definition of "idle": 10 s after the caches synced.
             await asyncio.sleep(b.opts.settle)
         record = {
             "part": "a",
             "step": label,
+            "nmo": who.label,
             "nodes": await node_count(b.http),
             "pods": pods,
-            "ready_s": round(nmo.ready_after, 2),
-            "startup_peak_rss_mib": round(nmo.startup_peak_rss, 1),
-            "startup_cpu_s": round(nmo.startup_cpu, 2),
+            "ready_s": round(proc.ready_after, 2),
+            "startup_peak_rss_mib": round(proc.startup_peak_rss, 1),
+            "startup_cpu_s": round(proc.startup_cpu, 2),
             "settle_cpu_s": round(rss.cpu, 2),
             "settle_peak_rss_mib": round(rss.peak, 1),
             "idle_rss_mib": round(rss.last, 1),
         }
     finally:
-        await nmo.stop()
+        await proc.stop()
     emit(record)
     return record
+
+
+async def idle_step(b: Bench, label: str, pods: int) -> list[dict[str, Any]]:
+    """One step of part (a): each idler in turn, the order reversed every other
+    step (the nodes just created are still being updated: whoever runs first
+    sees more watch events while settling)."""
+    who = list(b.idlers)
+    if len(b.out["a"]) // len(who) % 2:
+        who.reverse()
+    return [await idle_rss(b, label, pods, w) for w in who]
 
 
 # -- (b) latency ----------------------------------------------------------------
@@ -247,7 +319,7 @@ MAINT_TAINTS = {(k, c.TAINT_EFFECT) for k in c.MAINTENANCE_TAINT_KEYS}
 async def latency(b: Bench) -> dict[str, Any]:
     http, n = b.http, b.opts.latency_crs
     nodes = [f"lat-{i}" for i in range(n)]
-    await create_nodes(http, nodes, labels={"bench-latency": "yes"})
+    await add_nodes(http, nodes, "bench-latency")
     hub = Hub()
     lease_ns = c.LEASE_NAMESPACE_DEFAULT
     enter: list[float] = []
@@ -526,19 +598,32 @@ async def concurrent(b: Bench) -> dict[str, Any]:
 def print_summary(out: dict[str, Any]) -> None:
     rows = out.get("a") or []
     if rows:
-        base = rows[0]["idle_rss_mib"]
-        print("\n(a) idle RSS of a fresh nmo (caches synced, then settled)")
+        print("\n(a) idle RSS of a fresh operator (caches synced, then settled)")
         print(
-            "step           nodes   pods  ready(s)  startup CPU(s)  startup peak    idle RSS"
-            "  delta vs first  CPU while settling(s)"
+            f"{'operator':<14}  {'step':<13}  {'nodes':>5}  {'pods':>5}  {'ready(s)':>8}  "
+            f"{'CPU to ready(s)':>15}  {'startup peak':>12}  {'idle RSS':>10}  "
+            f"{'delta vs first':>14}  {'KiB/node added':>14}  {'CPU settling(s)':>15}"
         )
+        first: dict[str, dict[str, Any]] = {}
         for r in rows:
+            base = first.setdefault(r["nmo"], r)
+            delta = r["idle_rss_mib"] - base["idle_rss_mib"]
+            added = r["nodes"] - base["nodes"]
+            per_node = f"{delta * 1024 / added:.1f}" if added > 0 else "-"
             print(
-                f"{r['step']:<13}  {r['nodes']:>5}  {r['pods']:>5}  {r['ready_s']:>8}  "
-                f"{r['startup_cpu_s']:>14}  {r['startup_peak_rss_mib']:>8} MiB  "
-                f"{r['idle_rss_mib']:>6} MiB  {r['idle_rss_mib'] - base:>+10.1f} MiB  "
-                f"{r['settle_cpu_s']:>21}"
+                f"{r['nmo']:<14}  {r['step']:<13}  {r['nodes']:>5}  {r['pods']:>5}  "
+                f"{r['ready_s']:>8}  {r['startup_cpu_s']:>15}  "
+                f"{r['startup_peak_rss_mib']:>8} MiB  {r['idle_rss_mib']:>6} MiB  "
+                f"{delta:>+10.1f} MiB  {per_node:>14}  {r['settle_cpu_s']:>15}"
             )
+    for lat in out.get("b_nodes") or []:
+        s = lat["create_to_in_place"]
+        print(
+            f"\n(b) at {lat['nodes']} nodes, {lat['crs']} CRs one at a time: create -> in place "
+            f"p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms, max {s['max_ms']} ms; delete -> "
+            f"restored p50 {lat['delete_to_restored']['p50_ms']} ms; milestones (p50): "
+            f"{lat['milestone_p50_ms']}"
+        )
     lat = out.get("b")
     if lat:
         print(f"\n(b) latency over {lat['crs']} CRs, {lat['mode']}")
@@ -624,6 +709,16 @@ def _cpu_verdict(record: dict[str, Any]) -> None:
         )
 
 
+def idlers(opts: argparse.Namespace, work: Path) -> tuple[Idler, ...]:
+    out = [Idler("nmo")]
+    for commit in opts.against:
+        (work / commit).mkdir()
+        out.append(Idler(f"nmo@{commit}", src=export_src(commit, work / commit)))
+    if "gonmo" in opts.idle_tools:
+        out.append(Idler("gonmo", tool="gonmo"))
+    return tuple(out)
+
+
 async def main(opts: argparse.Namespace) -> int:
     began = time.monotonic()
     print(f"nmo: {nmo_commit()}", flush=True)
@@ -632,15 +727,17 @@ async def main(opts: argparse.Namespace) -> int:
     if "a" not in parts:
         steps = [opts.workload_pods]
     out: dict[str, Any] = {"a": []}
-    if ("c" in parts and "gonmo" in opts.drain_tools) or (
-        "d" in parts and "gonmo" in opts.concurrent_tools
+    if (
+        ("a" in parts and "gonmo" in opts.idle_tools)
+        or ("c" in parts and "gonmo" in opts.drain_tools)
+        or ("d" in parts and "gonmo" in opts.concurrent_tools)
     ):  # built (or found cached) before the sandbox starts
         print(f"the Go NMO: {go_nmo_binary()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="nmo-scale-bench-") as tmp:
         work = Path(tmp)
         async with Sandbox(work / "sandbox", nodes=0) as sb, sb.client(timeout=120) as http:
             await install_crd(http)
-            b = Bench(sb, http, work, opts, out)
+            b = Bench(sb, http, work, opts, out, idlers(opts, work))
             bulk = [f"bulk-{i}" for i in range(opts.bulk_nodes)]
             capacity = max(1000, math.ceil(max(steps) / opts.bulk_nodes * 1.1))
             await create_nodes(http, bulk, labels={BULK_LABEL: "yes"}, pods_capacity=capacity)
@@ -649,7 +746,7 @@ async def main(opts: argparse.Namespace) -> int:
                 took = await scale_bulk(b, pods)
                 print(f"{pods} pods Ready ({took:.1f}s)", flush=True)
                 if "a" in parts and pods in opts.pods:
-                    out["a"].append(await idle_rss(b, f"pods={pods}", pods))
+                    out["a"] += await idle_step(b, f"pods={pods}", pods)
                 if pods == opts.workload_pods:
                     for part, fn in (("b", latency), ("c", big_drain), ("d", concurrent)):
                         if part in parts:
@@ -663,10 +760,14 @@ async def main(opts: argparse.Namespace) -> int:
                     if total > have:
                         extra = [f"idle-{i}" for i in range(have, total)]
                         t = time.monotonic()
-                        await create_nodes(http, extra)
+                        await add_nodes(http, extra, "bench-idle")
                         print(f"{total} nodes Ready ({time.monotonic() - t:.1f}s)", flush=True)
                         have = total
-                    out["a"].append(await idle_rss(b, f"nodes={total}", 0))
+                    out["a"] += await idle_step(b, f"nodes={total}", 0)
+                    if total in opts.latency_nodes:
+                        t = time.monotonic()
+                        out.setdefault("b_nodes", []).append({"nodes": total} | await latency(b))
+                        print(f"part b at {total} nodes: {time.monotonic() - t:.1f}s", flush=True)
     print_summary(out)
     print(f"\n{environment_note()}")
     print(f"scale benchmark runtime: {time.monotonic() - began:.1f}s")
@@ -678,6 +779,22 @@ if __name__ == "__main__":
     parser.add_argument("--parts", nargs="+", choices=["a", "b", "c", "d"], default=list("abcd"))
     parser.add_argument("--pods", type=int, nargs="*", default=[0, 5000, 10000, 20000])
     parser.add_argument("--nodes", type=int, nargs="*", default=[100, 500])
+    parser.add_argument(
+        "--against",
+        nargs="*",
+        default=[],
+        help="part (a): also run these commits' nmo at every step (before/after)",
+    )
+    parser.add_argument(
+        "--idle-tools", nargs="+", choices=["nmo", "gonmo"], default=["nmo"], help="part (a)"
+    )
+    parser.add_argument(
+        "--latency-nodes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="part (a): run part (b)'s latency at these --nodes steps too",
+    )
     parser.add_argument("--bulk-nodes", type=int, default=20)
     parser.add_argument("--replicas-per-deployment", type=int, default=1000)
     parser.add_argument("--workload-pods", type=int, default=10000, help="cluster size for b, c, d")
