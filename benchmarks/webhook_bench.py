@@ -28,7 +28,9 @@ Run: ``make bench-webhook`` or ``.venv/bin/python benchmarks/webhook_bench.py``.
 ``--nmo-src DIR`` runs nmo from another ``src/`` tree (e.g. a ``git worktree``
 of an older commit, first on its ``PYTHONPATH``; the same virtualenv and the
 same load generator), so before and after are measured in one session.
-Shorter runs for a quick look: ``--steady-seconds 10 --steps 1000``.
+Shorter runs for a quick look: ``--steady-seconds 10 --steps 1000``;
+``--samples FILE`` keeps every request's latency with the time it was due, to
+see whether the slow ones come together (a pause) or alone.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ class Phase:
     connections: int = 0
     start: float = 0.0
     max_at: float = 0.0  # seconds into the phase of the slowest request
+    due_at: list[float] = field(default_factory=list)  # seconds into the phase, per latency
 
     @property
     def sent(self) -> int:
@@ -263,6 +266,7 @@ async def run_phase(target: Target, phase: Phase, pid: int) -> Phase:
                 phase.max_at = due - phase.start
             phase.latencies.append(done - due)
             phase.service.append(done - sent_at)
+            phase.due_at.append(due - phase.start)
 
     async def sample_rss() -> None:
         while True:
@@ -363,6 +367,7 @@ async def main(
     max_connections: int,
     keep_log: Path | None,
     nmo_src: Path | None = None,
+    samples: Path | None = None,
 ) -> int:
     with tempfile.TemporaryDirectory(prefix="nmo-webhook-bench-") as tmp:
         async with Sandbox(Path(tmp) / "sandbox", nodes=1) as sb, sb.client() as http:
@@ -437,6 +442,13 @@ async def main(
                 if keep_log is not None:
                     shutil.copyfile(log, keep_log)
     print_table(phases, idle_rss, 10.0, max_connections)
+    if samples is not None:
+        with samples.open("w") as dump:
+            for p in phases:
+                rows = zip(p.due_at, p.latencies, p.service, strict=True)
+                for due, latency, service in rows:
+                    ms = f"{latency * 1000:.3f} {service * 1000:.3f}"
+                    dump.write(f"{p.name} {p.rate} {due:.4f} {ms}\n")
     return 0
 
 
@@ -457,6 +469,12 @@ if __name__ == "__main__":
     parser.add_argument(
         "--nmo-src", type=Path, help="run nmo from this src/ tree (another commit's, say)"
     )
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        help="write every answered request here: phase, rate, seconds into the phase it was"
+        " due, latency ms, service ms (to see when the slow ones came)",
+    )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     options = parser.parse_args()
     sys.exit(
@@ -468,6 +486,7 @@ if __name__ == "__main__":
                 options.max_connections,
                 options.keep_log,
                 options.nmo_src and options.nmo_src.resolve(),
+                options.samples,
             )
         )
     )
