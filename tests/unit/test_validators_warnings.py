@@ -218,7 +218,91 @@ async def test_node_budgets_are_read_once_per_ttl_for_a_node() -> None:
     assert len(kube.calls) == 4
     clock.now += 5
     await lookups.node_budgets("n1")
+    await settled()
     assert len(kube.calls) == 6
+
+
+async def settled() -> None:
+    """Let reads started in the background finish (the fakes answer at once)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+class GatedKube(ListingKube):
+    """ListingKube whose answers wait for ``gate``; pods are ``pods[0]`` at the time."""
+
+    def __init__(self, pods: list[Obj]) -> None:
+        super().__init__({})
+        self.gate = asyncio.Event()
+        self.pods = pods
+
+    @property
+    def pod_lists(self) -> int:
+        return sum(1 for call in self.calls if call[1] == "/api/v1/pods")
+
+    async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self.calls.append((method, path, kw.get("params")))
+        await self.gate.wait()
+        if path == "/api/v1/pods":
+            return {"items": list(self.pods)}
+        return {"items": []}
+
+
+def gated(
+    pods: list[Obj], clock: Clock, *, budget_timeout: float = 2.0
+) -> tuple[ClusterLookups, GatedKube]:
+    kube = GatedKube(pods)
+    settings = LookupSettings(budgets_ttl=5.0, budget_timeout=budget_timeout)
+    lookups = ClusterLookups(
+        kube,
+        nodes=FakeCache([node("n1")]),
+        maintenances=FakeCache(),
+        settings=settings,
+        clock=clock,
+    )
+    return lookups, kube
+
+
+async def test_reviews_that_need_a_read_under_way_wait_for_that_one() -> None:
+    lookups, kube = gated([pod("web-1")], Clock())
+    waiting = [asyncio.create_task(lookups.node_budgets("n1")) for _ in range(10)]
+    await settled()
+    assert kube.pod_lists == 1  # one read for the ten
+    kube.gate.set()
+    assert await asyncio.gather(*waiting) == [([pod("web-1")], [])] * 10
+
+
+async def test_past_the_ttl_the_last_answer_is_served_while_the_next_read_runs() -> None:
+    clock = Clock()
+    lookups, kube = gated([pod("web-1")], clock)
+    kube.gate.set()
+    assert await lookups.node_budgets("n1") == ([pod("web-1")], [])
+    kube.gate.clear()
+    kube.pods = [pod("web-2")]
+    clock.now += 5
+    # No review waits: each takes the last answer, and one read is under way.
+    for _ in range(10):
+        assert await lookups.node_budgets("n1") == ([pod("web-1")], [])
+    await settled()
+    assert kube.pod_lists == 2
+    kube.gate.set()
+    await settled()
+    assert await lookups.node_budgets("n1") == ([pod("web-2")], [])
+    assert kube.pod_lists == 2
+
+
+async def test_the_last_answer_is_served_no_longer_than_ttl_plus_the_read_timeout() -> None:
+    clock = Clock()
+    lookups, kube = gated([pod("web-1")], clock, budget_timeout=0.05)
+    kube.gate.set()
+    await lookups.node_budgets("n1")
+    kube.gate.clear()  # the API server stops answering
+    clock.now += 5
+    assert await lookups.node_budgets("n1") == ([pod("web-1")], [])  # starts a read
+    clock.now += 0.05  # ttl + budget_timeout: the last answer is gone
+    with pytest.raises(LookupFailed, match=r"not read within 0\.05s"):
+        await asyncio.wait_for(lookups.node_budgets("n1"), 5)  # waits for that read
+    assert kube.pod_lists == 2
 
 
 async def test_node_budgets_is_bounded_in_time() -> None:

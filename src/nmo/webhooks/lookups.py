@@ -40,7 +40,15 @@ Guarantees:
   :data:`MAX_PDB_NAMESPACES`), all within ``budget_timeout``; the answer is
   reused for ``budgets_ttl`` seconds, for the ``budgets_nodes`` nodes asked
   about last (never a cache of every pod, which would grow with the
-  cluster), so repeated CREATEs for a node cost one read (issue 20).
+  cluster), so repeated CREATEs for a node cost one read (issue 20). One
+  read per node is under way at a time: reviews that need it meanwhile wait
+  for that one; once there is an answer, a review past ``budgets_ttl``
+  starts the next read and takes the last answer without waiting (at most
+  ``budgets_ttl + budget_timeout`` old), so no review waits on the API
+  server for its warnings but a node's first (issue 22: every review in
+  the moments of a read made its own, and waited for it). A read is charged
+  to the sender of the review that started it; a review waiting for another
+  sender's read shares its outcome, at worst going without its warnings.
 
 Who pays (issue 20): every API request made while deciding a review is
 charged to the review's sender, told apart by its peer address (a review's
@@ -78,6 +86,7 @@ log = logging.getLogger("nmo.webhooks.lookups")
 
 Obj = dict[str, Any]
 Handler = Callable[[str, Obj, Obj | None], None]
+Budgets = tuple[list[Obj], list[Obj]]  # a node's pods, and the PDBs of their namespaces
 
 NODES_PATH = node_path()
 MAINTENANCES_PATH = nm_path()
@@ -151,9 +160,13 @@ class ClusterLookups:
         self._kube = self.proven.kube
         self._first_reviewer: TTLCache[str] = TTLCache(60.0, 4096, clock=clock)  # uid -> address
         self._proven_sources = Forgetful(s.proven_ttl, 256, clock=clock)
-        self._budgets: TTLCache[tuple[list[Obj], list[Obj]]] = TTLCache(
-            s.budgets_ttl, s.budgets_nodes, clock=clock
+        # A node's last answer and when it was read, served while a new read is
+        # under way (never with a budgets_ttl of 0: then nothing is reused).
+        kept = s.budgets_ttl + s.budget_timeout if s.budgets_ttl > 0 else 0
+        self._budgets: TTLCache[tuple[float, Budgets]] = TTLCache(
+            kept, s.budgets_nodes, clock=clock
         )
+        self._budget_reads: dict[str, asyncio.Task[Budgets]] = {}
         self._lock = asyncio.Lock()
         self._claims: dict[str, _Claim] = {}
         self._missing = Forgetful(self.settings.missing_node_ttl, clock=clock)
@@ -381,20 +394,43 @@ class ClusterLookups:
         self, node_name: str, *, kube: KubeClient | None = None
     ) -> tuple[Sequence[Obj], Sequence[Obj]]:
         known = self._budgets.get(node_name)
+        if known is not None and self._clock() - known[0] < self.settings.budgets_ttl:
+            return known[1]
+        reading = self._budget_reads.get(node_name)
+        if reading is None:
+            reading = asyncio.create_task(
+                self._read_budgets(node_name, kube or self._kube),
+                name=f"nmo-webhook-budgets-{node_name}",
+            )
+            self._budget_reads[node_name] = reading
+            reading.add_done_callback(lambda task: self._budgets_read(node_name, task))
         if known is not None:
-            return known
+            return known[1]  # the read goes on without this review
+        return await asyncio.shield(reading)
+
+    async def _read_budgets(self, node_name: str, kube: KubeClient) -> Budgets:
         try:
             found = await asyncio.wait_for(
-                self._node_budgets(node_name, kube or self._kube), self.settings.budget_timeout
+                self._node_budgets(node_name, kube), self.settings.budget_timeout
             )
         except TimeoutError as exc:
             raise LookupFailed(
                 f"pods and PodDisruptionBudgets not read within {self.settings.budget_timeout:g}s"
             ) from exc
-        self._budgets.put(node_name, found)
+        self._budgets.put(node_name, (self._clock(), found))
         return found
 
-    async def _node_budgets(self, node_name: str, kube: KubeClient) -> tuple[list[Obj], list[Obj]]:
+    def _budgets_read(self, node_name: str, task: asyncio.Task[Budgets]) -> None:
+        """The read is over: the next review may start another. Its failure was
+        logged by the reviews that waited for it, if any; here only in debug."""
+        if self._budget_reads.get(node_name) is task:
+            del self._budget_reads[node_name]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug(
+                "maintenance admission: pods and PDBs of node %s not read: %s", node_name, exc
+            )
+
+    async def _node_budgets(self, node_name: str, kube: KubeClient) -> Budgets:
         pods = await self._list(
             PODS_PATH, {"fieldSelector": f"spec.nodeName={node_name}"}, kube=kube
         )
