@@ -210,6 +210,7 @@ class Phase:
     start: float = 0.0
     max_at: float = 0.0  # seconds into the phase of the slowest request
     due_at: list[float] = field(default_factory=list)  # seconds into the phase, per latency
+    started_at: float = 0.0  # wall clock (time.time) of the phase's first due time
 
     @property
     def sent(self) -> int:
@@ -278,6 +279,7 @@ async def run_phase(target: Target, phase: Phase, pid: int) -> Phase:
     gc.disable()
     cpu0, gen0 = cpu_seconds(pid), own_cpu_seconds()
     start = phase.start = loop.time() + 0.01
+    phase.started_at = time.time() + 0.01
     sent = 0
     while sent < total:
         now = loop.time()
@@ -453,6 +455,7 @@ async def main(
     if samples is not None:
         with samples.open("w") as dump:
             for p in phases:
+                dump.write(f"# {p.name} {p.rate} started at {p.started_at:.3f} (time.time)\n")
                 rows = zip(p.due_at, p.latencies, p.service, strict=True)
                 for due, latency, service in rows:
                     ms = f"{latency * 1000:.3f} {service * 1000:.3f}"
@@ -481,7 +484,8 @@ if __name__ == "__main__":
         "--samples",
         type=Path,
         help="write every answered request here: phase, rate, seconds into the phase it was"
-        " due, latency ms, service ms (to see when the slow ones came)",
+        " due, latency ms, service ms (to see when the slow ones came); a '#' line gives"
+        " each phase's start on the wall clock",
     )
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     options = parser.parse_args()
