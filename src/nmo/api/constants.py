@@ -84,6 +84,19 @@ MAX_LAST_ERROR_PODS: Final = 10  # pods named in that lastError (pendingPods has
 # The status condition nmo maintains (Kubernetes condition type).
 CONDITION_DRAINED: Final = "Drained"
 CONDITION_QUEUED: Final = "Queued"  # held back by the fleet budget or the window
+# The node lifecycle conditions of KEP-5683 nmo keeps on Node.status.conditions
+# while a maintenance holds the node (--node-conditions, off by default: the Go
+# NMO writes none). Plain strings: no feature gate needed.
+NODE_CONDITION_PLANNED: Final = "MaintenancePlanned"
+NODE_CONDITION_IN_PROGRESS: Final = "MaintenanceInProgress"
+NODE_CONDITION_DRAIN_IN_PROGRESS: Final = "DrainInProgress"
+NODE_CONDITION_DRAINED: Final = "Drained"
+NODE_CONDITION_TYPES: Final = (
+    NODE_CONDITION_PLANNED,
+    NODE_CONDITION_IN_PROGRESS,
+    NODE_CONDITION_DRAIN_IN_PROGRESS,
+    NODE_CONDITION_DRAINED,
+)
 
 # Install names the troubleshooting guide uses.
 OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"

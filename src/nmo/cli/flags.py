@@ -140,6 +140,14 @@ def add_run_parser(sub: Subparsers) -> None:
         "pod at once, as the Go NMO)",
     )
     eng.add_argument(
+        "--node-conditions",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep the node lifecycle conditions (MaintenancePlanned, MaintenanceInProgress, "
+        "DrainInProgress, Drained) on Node.status.conditions while a maintenance holds the "
+        "node; needs patch on nodes/status (default: off, as the Go NMO, which writes none)",
+    )
+    eng.add_argument(
         "--pod-drain-rules-namespaces",
         type=namespaces_arg,
         default=namespaces_arg(os.environ.get("NMO_POD_DRAIN_RULES_NAMESPACES") or ""),

@@ -162,6 +162,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             drain_timeout=args.drain_timeout,
             on_timeout=OnTimeout(args.drain_on_timeout),
             critical_last=args.critical_pods_last,
+            node_conditions=args.node_conditions,
             pod_rules_namespaces=args.pod_drain_rules_namespaces,
             max_drain_seconds=max(0, args.max_drain_seconds),
             max_drain_action=OnTimeout(args.max_drain_action),

@@ -346,6 +346,7 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+        await self._write_conditions(nm, plan)
         await self._emit(raw, obs, plan, Step.NODE)
         for key in plan.drop:
             record.drain.pop(key, None)
@@ -420,6 +421,7 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
+        await self._write_conditions(nm, plan)
         await self._emit(raw, obs, plan, Step.NODE)
         if plan.lease is LeaseStep.RELEASE and await self.ports.leases.release(nm.spec.node_name):
             log.info(
@@ -503,6 +505,30 @@ class Reconciler:
                 extra=_ctx(nm),
             )
             raise NodeChanged(f"node {nm.spec.node_name} changed meanwhile") from exc
+
+    async def _write_conditions(self, nm: NodeMaintenance, plan: Plan) -> None:
+        """nmo's lifecycle conditions on the node's status (--node-conditions):
+        a strategic-merge patch keyed by condition type, so every other
+        writer's condition stays. A node gone meanwhile has none to keep."""
+        if plan.node_conditions is None:
+            return
+        path = node_path(nm.spec.node_name, "status")
+        try:
+            out = await self.ports.kube.strategic_patch(path, plan.node_conditions)
+        except NotFound:
+            return
+        self.ports.nodes.remember(out)
+        types = ", ".join(
+            f"{x['type']}={x.get('status', 'removed')}"
+            for x in plan.node_conditions["status"]["conditions"]
+        )
+        log.info(
+            "maintenance %s: node %s conditions: %s",
+            nm.metadata.name,
+            nm.spec.node_name,
+            types,
+            extra=_ctx(nm),
+        )
 
     async def _write_report(self, raw: Obj, report: Mapping[str, Any]) -> None:
         """lastError and lastUpdate only, without a resourceVersion: nothing else

@@ -249,8 +249,8 @@ def nm_path(name: str | None = None, subresource: str | None = None) -> str:
     return api_path(c.API_VERSION, c.PLURAL, name=name, subresource=subresource)
 
 
-def node_path(name: str | None = None) -> str:
-    return api_path("v1", "nodes", name=name)
+def node_path(name: str | None = None, subresource: str | None = None) -> str:
+    return api_path("v1", "nodes", name=name, subresource=subresource)
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -443,6 +443,13 @@ class Kube:
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request(
             "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+
+    async def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A strategic-merge patch: lists with a merge key (a Node's
+        status.conditions, keyed by type) are merged item by item."""
+        return await self.request(
+            "PATCH", path, body=patch, content_type="application/strategic-merge-patch+json"
         )
 
     async def json_patch(self, path: str, ops: list[dict[str, Any]]) -> dict[str, Any]:

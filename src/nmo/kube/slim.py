@@ -64,15 +64,26 @@ def _interned(value: Any) -> Any:
     return sys.intern(value) if type(value) is str else value
 
 
+_LIFECYCLE_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
+
+
 def _node_status(status: Any) -> Mapping[str, Any]:
-    for cond in (status or {}).get("conditions") or ():
+    conditions = (status or {}).get("conditions") or ()
+    # nmo's own lifecycle conditions (--node-conditions), kept whole so a pass
+    # writes only what differs: present on the few nodes under maintenance.
+    lifecycle = tuple(
+        {k: cond[k] for k in _LIFECYCLE_FIELDS if k in cond}
+        for cond in conditions
+        if cond.get("type") in c.NODE_CONDITION_TYPES
+    )
+    for cond in conditions:
         if cond.get("type") == "Ready":
             value = cond.get("status")
-            if value in _READY_STATUSES:
+            if value in _READY_STATUSES and not lifecycle:
                 return _STATUS[value]
             ready = {"type": "Ready"} if value is None else {"type": "Ready", "status": value}
-            return {"conditions": (ready,)}
-    return _STATUS[None]
+            return {"conditions": (ready, *lifecycle)}
+    return {"conditions": lifecycle} if lifecycle else _STATUS[None]
 
 
 def node(obj: Obj) -> Obj:
@@ -81,7 +92,7 @@ def node(obj: Obj) -> Obj:
     annotations only nmo's prior-state record; taints and cordon (enter/leave
     patches: every taint kept whole, a leave patch writes the others back);
     the Ready condition's status (the fleet budget's count of unavailable
-    nodes). The labels and annotations maps stay (empty if need be) when the
+    nodes) and nmo's own lifecycle conditions (nmo.core.maintenance.nodeconditions). The labels and annotations maps stay (empty if need be) when the
     node has them, so a patch adding a label or the record adds a key to the
     map instead of replacing one it cannot see."""
     src = obj.get("metadata") or {}

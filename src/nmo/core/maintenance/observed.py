@@ -180,6 +180,9 @@ class Plan:
     lease: LeaseStep = LeaseStep.NONE
     status: NodeMaintenanceStatus | None = None  # the status to write, None: no write
     node_patch: list[Obj] | None = None  # guarded JSON patch of the node
+    # Strategic-merge patch of the node's status: nmo's lifecycle conditions
+    # (--node-conditions, nmo.core.maintenance.nodeconditions), after node_patch.
+    node_conditions: Obj | None = None
     restore: bool = False  # node_patch restores the node (re-planned on conflict)
     evict: tuple[Obj, ...] = ()  # pods to start evicting (only once the node is cordoned)
     force: tuple[Force, ...] = ()  # pods to delete: the drain deadline is near

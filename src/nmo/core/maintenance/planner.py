@@ -47,7 +47,15 @@ from nmo.api.models import (
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, queueing, transitions
+from nmo.core.maintenance import (
+    admission,
+    drainplan,
+    nodeconditions,
+    nodepatch,
+    podselect,
+    queueing,
+    transitions,
+)
 from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
@@ -192,6 +200,7 @@ def plan(obs: Observed, settings: PlanSettings = SETTINGS) -> Plan:
         out = plan_leave(obs)
     else:
         out = heartbeat(obs, _plan_enter(obs, settings), settings)
+    out = nodeconditions.attach(obs, out, enabled=settings.node_conditions)
     return _notified(obs, queueing.released(obs, out, settings), settings)
 
 

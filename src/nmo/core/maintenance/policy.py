@@ -43,6 +43,9 @@ class PlanSettings:
     budget: admission.BudgetSettings = field(default_factory=admission.BudgetSettings)
     # --notify-url: the operator's identity in the notifications (None: none are made).
     notify_operator: str | None = None
+    # --node-conditions: the KEP-5683 lifecycle conditions on the Node (off: the
+    # Go NMO writes none).
+    node_conditions: bool = False
 
 
 SETTINGS = PlanSettings()
