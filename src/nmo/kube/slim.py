@@ -92,9 +92,10 @@ def node(obj: Obj) -> Obj:
     annotations only nmo's prior-state record; taints and cordon (enter/leave
     patches: every taint kept whole, a leave patch writes the others back);
     the Ready condition's status (the fleet budget's count of unavailable
-    nodes) and nmo's own lifecycle conditions (nmo.core.maintenance.nodeconditions). The labels and annotations maps stay (empty if need be) when the
-    node has them, so a patch adding a label or the record adds a key to the
-    map instead of replacing one it cannot see."""
+    nodes) and nmo's own lifecycle conditions (nmo.core.maintenance.nodeconditions).
+    The labels and annotations maps stay (empty if need be) when the node has
+    them, so a patch adding a label or the record adds a key to the map instead
+    of replacing one it cannot see."""
     src = obj.get("metadata") or {}
     meta: Obj = {k: src[k] for k in ("name", "uid", "resourceVersion") if src.get(k) is not None}
     labels = src.get("labels")
