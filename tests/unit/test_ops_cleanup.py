@@ -370,3 +370,27 @@ def test_plan_shown_as_plain_text(holder: str) -> None:
     recorder = Console(record=True, width=300, color_system=None)
     _show_plan(recorder, shown)
     assert f"held by {holder}, not nmo's" in recorder.export_text()
+
+
+def test_nmos_node_conditions_go_and_others_stay() -> None:
+    """--node-conditions: the lifecycle conditions nmo wrote (their message names a
+    NodeMaintenance) are removed from the node's status; kubelet's and a
+    same-named condition someone else wrote stay."""
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"}
+    mine = [
+        {"type": t, "status": "True", "reason": "R", "message": "NodeMaintenance gone: x"}
+        for t in c.NODE_CONDITION_TYPES[:3]
+    ]
+    foreign = {"type": c.NODE_CONDITION_DRAINED, "status": "True", "reason": "X", "message": "y"}
+    before = node() | {"status": {"conditions": [ready, *mine, foreign]}}
+    p = plan(before, [])
+    assert kinds(p) == [StepKind.REMOVE_CONDITION] * 3
+    assert [str(s) for s in p.steps][0] == "node/n1: remove condition MaintenancePlanned"
+    assert p.node_patch is None
+    assert p.conditions_patch == {
+        "status": {
+            "conditions": [{"type": t, "$patch": "delete"} for t in c.NODE_CONDITION_TYPES[:3]]
+        }
+    }
+    after = node() | {"status": {"conditions": [ready, foreign]}}
+    assert plan(after, []).empty

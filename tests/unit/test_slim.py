@@ -131,6 +131,34 @@ def test_node_keeps_labels_taints_cordon_and_conditions() -> None:
     assert out["kind"] == "Node"
 
 
+def test_node_keeps_nmos_lifecycle_conditions_whole() -> None:
+    """--node-conditions: a pass compares them with what it wants (status,
+    reason, message, lastTransitionTime); every other condition but Ready goes."""
+    ours = {
+        "type": c.NODE_CONDITION_IN_PROGRESS,
+        "status": "True",
+        "reason": "NodeCordoned",
+        "message": "NodeMaintenance nm-1: node cordoned",
+        "lastTransitionTime": "2026-12-01T12:00:00Z",
+        "lastHeartbeatTime": "2026-12-01T12:00:00Z",
+    }
+    status = {
+        "conditions": [
+            {"type": "MemoryPressure", "status": "False", "message": "x"},
+            {"type": "Ready", "status": "True", "message": "kubelet is ready"},
+            ours,
+        ]
+    }
+    out = slim.node({"metadata": {"name": "n1"}, "status": status})
+    kept = {k: v for k, v in ours.items() if k != "lastHeartbeatTime"}
+    assert [dict(x) for x in out["status"]["conditions"]] == [
+        {"type": "Ready", "status": "True"},
+        kept,
+    ]
+    alone = slim.node({"metadata": {"name": "n1"}, "status": {"conditions": [ours]}})
+    assert [dict(x) for x in alone["status"]["conditions"]] == [kept]
+
+
 def kwok_node(name: str = "n1", **kw: Any) -> dict[str, Any]:
     """A Node as the API server serves a kwok node (labels, annotations, five
     conditions, addresses, node info, managedFields), decoded from JSON as the

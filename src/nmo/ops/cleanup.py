@@ -19,6 +19,9 @@ concurrency (:func:`execute`). It guarantees:
 * the exclude-from-remediation label goes only with a sign that a
   maintenance set it (nmo's record, the drain taint, or the node lease held
   by ``node-maintenance``): otherwise it is an admin's, and stays;
+* nmo's node lifecycle conditions (``--node-conditions``: MaintenancePlanned,
+  MaintenanceInProgress, DrainInProgress, Drained, whose message names a
+  NodeMaintenance) are removed from the node's status; other conditions stay;
 * a cordon with no sign of maintenance is an admin's, and is left alone;
 * a second run finds nothing to do.
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nmo.api import constants as c
+from nmo.core.maintenance import nodeconditions
 from nmo.core.maintenance.nodepatch import recorded_prior, restore
 from nmo.kube.client import Kube, api_path, nm_path, node_path
 from nmo.kube.errors import NotFound
@@ -53,6 +57,7 @@ class StepKind(enum.StrEnum):
     REMOVE_TAINT = "remove-taint"
     REMOVE_LABEL = "remove-label"
     REMOVE_RECORD = "remove-record"
+    REMOVE_CONDITION = "remove-condition"
     RELEASE_LEASE = "release-lease"
     REMOVE_FINALIZER = "remove-finalizer"
     DELETE_MAINTENANCE = "delete-nodemaintenance"
@@ -80,6 +85,8 @@ class Plan:
     kept: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     node_patch: list[Obj] | None = None
+    # Strategic-merge patch of the node's status removing nmo's lifecycle conditions.
+    conditions_patch: Obj | None = None
     lease: Obj | None = None  # our lease, deleted with uid/resourceVersion preconditions
     finalizer_patches: tuple[tuple[str, list[Obj]], ...] = ()
     deletions: tuple[tuple[str, str], ...] = ()  # (name, uid): deleted with a uid precondition
@@ -199,9 +206,17 @@ def plan_cleanup(
     draft = _Draft()
     lease_holder = str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
     our_lease = lease is not None and lease_holder == c.LEASE_HOLDER
-    node_patch = None
+    node_patch = conditions_patch = None
     if node is not None:
         node_patch = _node_changes(node, maintenances, our_lease, draft)
+        conditions_patch = nodeconditions.removal(node)
+        if conditions_patch is not None:
+            draft.steps.extend(
+                Step(
+                    StepKind.REMOVE_CONDITION, f"node/{node_name}", f"remove condition {x['type']}"
+                )
+                for x in conditions_patch["status"]["conditions"]
+            )
     lease_ref = f"lease/{lease_namespace}/{c.lease_name(node_name)}"
     if our_lease:
         draft.steps.append(
@@ -256,6 +271,7 @@ def plan_cleanup(
         kept=tuple(draft.kept),
         notes=tuple(draft.notes),
         node_patch=node_patch,
+        conditions_patch=conditions_patch,
         lease=lease if our_lease else None,
         finalizer_patches=tuple(patches),
         deletions=tuple(deletions),
@@ -308,7 +324,18 @@ async def execute(kube: Kube, plan: Plan, *, lease_namespace: str) -> list[str]:
     done: list[str] = []
     if plan.node_patch is not None:
         await kube.json_patch(node_path(plan.node_name), plan.node_patch)
-        done += [str(s) for s in plan.steps if s.target == f"node/{plan.node_name}"]
+        done += [
+            str(s)
+            for s in plan.steps
+            if s.target == f"node/{plan.node_name}" and s.kind is not StepKind.REMOVE_CONDITION
+        ]
+    if plan.conditions_patch is not None:
+        try:
+            await kube.strategic_patch(node_path(plan.node_name, "status"), plan.conditions_patch)
+        except NotFound:
+            pass
+        else:
+            done += [str(s) for s in plan.steps if s.kind is StepKind.REMOVE_CONDITION]
     if plan.lease is not None:
         meta = plan.lease["metadata"]
         try:

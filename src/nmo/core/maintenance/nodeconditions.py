@@ -180,12 +180,12 @@ def patch(node: Obj, wants: tuple[Want, ...], *, now: datetime) -> Obj | None:
 
 def removal(node: Obj, *, owner: str | None = None) -> Obj | None:
     """The strategic-merge patch deleting nmo's conditions from the node (those
-    naming ``owner`` only, if given; every one for ``nmo cleanup``), None if
-    there are none."""
+    naming ``owner`` only, if given; for ``nmo cleanup`` every one naming a
+    NodeMaintenance), None if there are none."""
     gone = [
         {"type": t, "$patch": "delete"}
         for t, x in ours(node).items()
-        if owner is None or owner_of(x) == owner
+        if (owner_of(x) is not None if owner is None else owner_of(x) == owner)
     ]
     return {"status": {"conditions": gone}} if gone else None
 
