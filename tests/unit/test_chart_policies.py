@@ -356,10 +356,16 @@ def test_node_policy_binds_nmos_service_account_only(helm_env: dict[str, str]) -
     (condition,) = vap["spec"]["matchConditions"]
     assert condition["expression"] == f"request.userInfo.username == '{SA_USER}'"
     (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
-    assert (rule["apiGroups"], rule["resources"]) == ([""], ["nodes"])
+    # nodes/status too: a status update can change labels and annotations, and
+    # nmo patches it for its node lifecycle conditions (nodeConditions.enabled).
+    assert (rule["apiGroups"], rule["resources"]) == ([""], ["nodes", "nodes/status"])
     assert vap["spec"]["failurePolicy"] == "Fail"
     text = str(vap["spec"])
-    for allowed in (c.EXCLUDE_FROM_REMEDIATION_LABEL, *c.MAINTENANCE_TAINT_KEYS):
+    for allowed in (
+        c.EXCLUDE_FROM_REMEDIATION_LABEL,
+        *c.MAINTENANCE_TAINT_KEYS,
+        *(f"'{t}'" for t in c.NODE_CONDITION_TYPES),
+    ):
         assert allowed in text
     audit = render(
         helm_env,
@@ -484,6 +490,18 @@ def test_pod_deletion_only_with_allow_pod_deletion(
     default = one(render(helm_env), "ClusterRole", "-manager-role")
     others = [r for r in manager["rules"] if r.get("resources") != ["pods"]]
     assert others == [r for r in default["rules"] if r.get("resources") != ["pods"]]
+
+
+def test_node_status_patch_only_with_node_conditions(helm_env: dict[str, str]) -> None:
+    """--node-conditions' permission: patch on nodes/status, and nothing else, with the value."""
+    default = one(render(helm_env), "ClusterRole", "-manager-role")
+    on = one(
+        render(helm_env, "--set", "nodeConditions.enabled=true"), "ClusterRole", "-manager-role"
+    )
+    status = [r for r in on["rules"] if r.get("resources") == ["nodes/status"]]
+    assert status == [{"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}]
+    assert [r for r in on["rules"] if r not in status] == default["rules"]
+    assert not any("nodes/status" in r.get("resources", []) for r in default["rules"])
 
 
 @pytest.mark.parametrize("value", ["onTimeout", "maxAction"])

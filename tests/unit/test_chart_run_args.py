@@ -45,6 +45,16 @@ def test_critical_pods_last_is_off_unless_the_chart_turns_it_on(helm_env: dict[s
     assert build_parser().parse_args(["run"]).critical_pods_last is False
 
 
+def test_node_conditions_are_off_unless_the_chart_turns_them_on(
+    helm_env: dict[str, str],
+) -> None:
+    """The Go NMO writes no node condition; nodeConditions.enabled opts in."""
+    assert _settings(manager_args(render(helm_env))).engine.plan.node_conditions is False
+    docs = render(helm_env, "--set", "nodeConditions.enabled=true")
+    assert _settings(manager_args(docs)).engine.plan.node_conditions is True
+    assert build_parser().parse_args(["run"]).node_conditions is False
+
+
 def test_pod_drain_rules_are_off_unless_the_chart_allows_namespaces(
     helm_env: dict[str, str],
 ) -> None:
