@@ -1,0 +1,262 @@
+"""The node lifecycle conditions on the Node (issue 23 part 1, --node-conditions).
+
+nmo runs as the chart's ServiceAccount rendered with ``nodeConditions.enabled``
+(RBAC: patch on nodes/status), with the chart's node ValidatingAdmissionPolicy
+for that ServiceAccount in force (it matches nodes/status and lets nmo change
+only its four condition types there). So a missing permission or a policy
+that refuses nmo's own writes fails here, as it would in a cluster.
+
+One maintenance is held by a PodDisruptionBudget (DrainInProgress, Blocked)
+while a second waits for the fleet budget (MaintenancePlanned, queued); a
+status rewrite that drops the conditions (what a kubelet that replaces the
+status would do) is repaired; a restart neither duplicates nor rewrites
+them (audit log); the docs' one-liner finds the node under maintenance;
+they go when the maintenances end, kubelet's (kwok's) conditions untouched.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from audit import AuditWindow, nmo_events, show
+from chart_identity import RELEASE, RELEASE_NAMESPACE, chart_identity, reset_leader_leases
+from nmo_sandbox.identity import apply_manifest
+from objects import Api, pdb, uid
+from operator_fixtures import CURRENT, Operator, idle, others_stopped, wait_for
+from workloads import bare_pod, running
+
+from nmo.api import constants as c
+from nmo_sandbox import Sandbox
+
+pytestmark = pytest.mark.integration
+
+VARIANT = "nodecond"
+VALUES = ("nodeConditions.enabled=true",)
+FULLNAME = f"{RELEASE}-{VARIANT}"
+POLICY = f"{FULLNAME}-node-changes"
+PL, IP, DIP, DR = c.NODE_CONDITION_TYPES
+# docs/troubleshooting.md: every node under maintenance (kubectl jsonpath, then awk).
+JSONPATH = (
+    '{range .items[*]}{.metadata.name}{" "}'
+    '{.status.conditions[?(@.type=="MaintenanceInProgress")].status}{"\\n"}{end}'
+)
+
+
+def conditions(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {x["type"]: x for x in (node.get("status") or {}).get("conditions") or []}
+
+
+def lifecycle(node: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """nmo's conditions on the node, as type -> (status, reason)."""
+    return {
+        t: (x["status"], x["reason"])
+        for t, x in conditions(node).items()
+        if t in c.NODE_CONDITION_TYPES
+    }
+
+
+async def kube_version(kube: httpx.AsyncClient) -> str:
+    info = (await kube.get("/version")).json()
+    return str(info["gitVersion"]).lstrip("v").split("-")[0].split("+")[0]
+
+
+@pytest.fixture
+async def node_policy(sandbox: Sandbox, kube: httpx.AsyncClient) -> AsyncIterator[str]:
+    """The chart's node policy for the test identity's ServiceAccount, in force."""
+    result = await sandbox.helm(
+        "template", RELEASE, str(Path(__file__).parents[2] / "charts" / "node-maintenance-operator"),
+        "-n", RELEASE_NAMESPACE, "--set", f"fullnameOverride={FULLNAME}",
+        "--set", "nodePolicy.enabled=true", *(a for v in VALUES for a in ("--set", v)),
+        "--kube-version", await kube_version(kube),
+        "--show-only", "templates/node-policy.yaml",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [d["kind"] for d in docs] == [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    await apply_manifest(sandbox, result.stdout, (RELEASE_NAMESPACE,))
+    yield POLICY
+    base = "/apis/admissionregistration.k8s.io/v1"
+    await kube.delete(f"{base}/validatingadmissionpolicybindings/{POLICY}")
+    await kube.delete(f"{base}/validatingadmissionpolicies/{POLICY}")
+
+
+async def as_nmo_status_patch(
+    kube: httpx.AsyncClient, user: str, node: str, body: dict[str, Any]
+) -> httpx.Response:
+    """A strategic-merge patch of the node's status, as nmo's ServiceAccount (dry run)."""
+    return await kube.patch(
+        f"/api/v1/nodes/{node}/status",
+        json=body,
+        params={"dryRun": "All"},
+        headers={
+            "Impersonate-User": user,
+            "Content-Type": "application/strategic-merge-patch+json",
+        },
+    )
+
+
+async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identity(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    namespace: str,
+    node_factory: Any,
+    node_policy: str,
+    tmp_path: Path,
+) -> None:
+    api = Api(kube)
+    identity = await chart_identity(sandbox, variant=VARIANT, values=VALUES)
+    held, queued = await node_factory(2)
+
+    # The policy is in force for this ServiceAccount on nodes/status: another
+    # condition is refused (RBAC alone would allow it), one of nmo's is not.
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X"}]}}
+    mine = {
+        "status": {
+            "conditions": [{"type": DR, "status": "False", "reason": "NotStarted", "message": "x"}]
+        }
+    }
+
+    async def refused() -> bool:
+        resp = await as_nmo_status_patch(kube, identity.username, held, ready)
+        return resp.status_code == 403 and POLICY in resp.text
+
+    await wait_for(refused, timeout=30, what="the node policy refusing a Ready change")
+    label = {"metadata": {"labels": {"pwned": "yes"}}}
+    resp = await as_nmo_status_patch(kube, identity.username, held, label)
+    assert resp.status_code == 403 and POLICY in resp.text, resp.text
+    resp = await as_nmo_status_patch(kube, identity.username, held, mine)
+    assert resp.status_code == 200, resp.text
+
+    await bare_pod(api, namespace, "db", held, labels={"app": "db"})
+    await running(api, namespace, ["db"])
+    budgets = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    await api.create(budgets, pdb("db", {"app": "db"}, 1))
+
+    async def computed() -> bool:
+        st = ((await api.get(f"{budgets}/db")) or {}).get("status") or {}
+        return st.get("currentHealthy") == 1 and st.get("disruptionsAllowed") == 0
+
+    await wait_for(computed, what="PDB db computed (no disruption allowed)")
+    kwok_before = {t for t in conditions(await api.node(held)) if t not in c.NODE_CONDITION_TYPES}
+    assert "Ready" in kwok_before
+
+    await reset_leader_leases(sandbox)
+    log_dir = tmp_path / "nmo"
+    log_dir.mkdir()
+    op = Operator(
+        sandbox,
+        log_dir,
+        ["--node-conditions", "--max-parallel-maintenances", "1"],
+        identity=identity,
+    )
+    first, second = f"nm-{uid()}", f"nm-{uid()}"
+    async with others_stopped():
+        CURRENT.append(op)
+        try:
+            await op.start()
+            await api.create_nm(first, held)
+
+            async def blocked() -> dict[str, tuple[str, str]] | None:
+                got = lifecycle(await api.node(held))
+                return got if got.get(DIP) == ("True", "Blocked") else None
+
+            got = await wait_for(blocked, what="DrainInProgress=True Blocked on the held node")
+            assert got == {
+                PL: ("False", "Started"),
+                IP: ("True", "NodeCordoned"),
+                DIP: ("True", "Blocked"),
+                DR: ("False", "Blocked"),
+            }, got
+            node = await api.node(held)
+            assert all(
+                x["message"].startswith(f"NodeMaintenance {first}: ")
+                for t, x in conditions(node).items()
+                if t in c.NODE_CONDITION_TYPES
+            )
+            assert kwok_before <= set(conditions(node)), "kwok's conditions stay"
+
+            await api.create_nm(second, queued)
+
+            async def planned() -> dict[str, tuple[str, str]] | None:
+                got = lifecycle(await api.node(queued))
+                return got if got.get(PL) == ("True", "BudgetExhausted") else None
+
+            got = await wait_for(planned, what="MaintenancePlanned=True on the queued node")
+            assert got[IP] == ("False", "NotStarted"), got
+
+            # The docs' one-liner finds the node under maintenance, not the queued one.
+            out = await sandbox.kubectl("get", "nodes", "-o", f"jsonpath={JSONPATH}")
+            assert out.returncode == 0, out.stderr
+            found = [ln.split()[0] for ln in out.stdout.splitlines() if ln.split()[1:] == ["True"]]
+            assert found == [held], out.stdout
+
+            # A status rewrite that drops them (a kubelet replacing the status):
+            # nmo writes them again, from the node it observes.
+            node = await api.node(held)
+            node["status"]["conditions"] = [
+                x for x in node["status"]["conditions"] if x["type"] not in c.NODE_CONDITION_TYPES
+            ]
+            resp = await kube.put(f"/api/v1/nodes/{held}/status", json=node)
+            assert resp.status_code == 200, resp.text
+            await wait_for(blocked, what="the dropped conditions written again")
+            before = conditions(await api.node(held))
+
+            # A restart (a new leader) derives them from the node: no duplicate,
+            # no rewrite, lastTransitionTime kept.
+            window = await AuditWindow.open(sandbox)
+            await op.restart()
+            await idle(op.metrics_port)
+            writes = [
+                e
+                for e in nmo_events(window.events())
+                if e.is_write and e.on("nodes", subresource="status")
+            ]
+            assert writes == [], show(writes)
+            after = await api.node(held)
+            types = [x["type"] for x in after["status"]["conditions"]]
+            assert len(types) == len(set(types)), types
+            assert {t: conditions(after)[t] for t in c.NODE_CONDITION_TYPES} == {
+                t: before[t] for t in c.NODE_CONDITION_TYPES
+            }
+
+            # The PDB lets go: Drained; then the CR goes and so do they; the
+            # queued maintenance starts (no pods: drained at once).
+            await api.delete(f"{budgets}/db")
+
+            async def drained() -> bool:
+                return lifecycle(await api.node(held)).get(DR) == ("True", "Drained")
+
+            await wait_for(drained, what="Drained=True once the pod left")
+            assert lifecycle(await api.node(held))[DIP] == ("False", "Drained")
+            await api.delete_nm_and_wait_gone(first)
+
+            async def cleared() -> bool:
+                return lifecycle(await api.node(held)) == {}
+
+            await wait_for(cleared, what="the conditions removed with the maintenance")
+            assert kwok_before <= set(conditions(await api.node(held)))
+
+            async def started() -> bool:
+                return lifecycle(await api.node(queued)).get(DR) == ("True", "Drained")
+
+            await wait_for(started, what="the queued maintenance started and drained")
+            assert lifecycle(await api.node(queued))[PL] == ("False", "Started")
+            await api.delete_nm_and_wait_gone(second)
+
+            async def cleared_too() -> bool:
+                return lifecycle(await api.node(queued)) == {}
+
+            await wait_for(cleared_too, what="the second node's conditions removed")
+        finally:
+            op.kill(signal.SIGTERM)
+            CURRENT.remove(op)
+            await reset_leader_leases(sandbox)
