@@ -6,7 +6,7 @@ for that ServiceAccount in force (it matches nodes/status and lets nmo change
 only its four condition types there). So a missing permission or a policy
 that refuses nmo's own writes fails here, as it would in a cluster.
 
-One maintenance is held by a PodDisruptionBudget (DrainInProgress, Blocked)
+One maintenance is held by a PodDisruptionBudget (DrainInProgress)
 while a second waits for the fleet budget (MaintenancePlanned, queued); a
 status rewrite that drops the conditions (what a kubelet that replaces the
 status would do) is repaired; a restart neither duplicates nor rewrites
@@ -26,16 +26,17 @@ import pytest
 import yaml
 from audit import AuditWindow, nmo_events, show
 from chart_identity import RELEASE, RELEASE_NAMESPACE, chart_identity, reset_leader_leases
-from nmo_sandbox.identity import apply_manifest
 from objects import Api, pdb, uid
 from operator_fixtures import CURRENT, Operator, idle, others_stopped, wait_for
 from workloads import bare_pod, running
 
 from nmo.api import constants as c
 from nmo_sandbox import Sandbox
+from nmo_sandbox.identity import apply_manifest
 
 pytestmark = pytest.mark.integration
 
+CHART = Path(__file__).parents[2] / "charts" / "node-maintenance-operator"
 VARIANT = "nodecond"
 VALUES = ("nodeConditions.enabled=true",)
 FULLNAME = f"{RELEASE}-{VARIANT}"
@@ -70,7 +71,7 @@ async def kube_version(kube: httpx.AsyncClient) -> str:
 async def node_policy(sandbox: Sandbox, kube: httpx.AsyncClient) -> AsyncIterator[str]:
     """The chart's node policy for the test identity's ServiceAccount, in force."""
     result = await sandbox.helm(
-        "template", RELEASE, str(Path(__file__).parents[2] / "charts" / "node-maintenance-operator"),
+        "template", RELEASE, str(CHART),
         "-n", RELEASE_NAMESPACE, "--set", f"fullnameOverride={FULLNAME}",
         "--set", "nodePolicy.enabled=true", *(a for v in VALUES for a in ("--set", v)),
         "--kube-version", await kube_version(kube),
@@ -111,6 +112,7 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
     node_factory: Any,
     node_policy: str,
     tmp_path: Path,
+    operator: Operator,  # installs the CRD; stopped for this test (others_stopped)
 ) -> None:
     api = Api(kube)
     identity = await chart_identity(sandbox, variant=VARIANT, values=VALUES)
@@ -167,14 +169,14 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
 
             async def blocked() -> dict[str, tuple[str, str]] | None:
                 got = lifecycle(await api.node(held))
-                return got if got.get(DIP) == ("True", "Blocked") else None
+                return got if got.get(DIP) == ("True", "Draining") else None
 
-            got = await wait_for(blocked, what="DrainInProgress=True Blocked on the held node")
+            got = await wait_for(blocked, what="DrainInProgress=True on the held node")
             assert got == {
                 PL: ("False", "Started"),
                 IP: ("True", "NodeCordoned"),
-                DIP: ("True", "Blocked"),
-                DR: ("False", "Blocked"),
+                DIP: ("True", "Draining"),
+                DR: ("False", "Draining"),
             }, got
             node = await api.node(held)
             assert all(
@@ -209,6 +211,16 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
             assert resp.status_code == 200, resp.text
             await wait_for(blocked, what="the dropped conditions written again")
             before = conditions(await api.node(held))
+
+            async def cr_blocked() -> bool:
+                cr = await api.nm(first) or {}
+                conds = (cr.get("status") or {}).get("conditions") or []
+                return any(x["type"] == "Drained" and x["reason"] == "Blocked" for x in conds)
+
+            # The CR says Blocked (known from the refused evictions, in memory):
+            # the restart below must not flip the node's conditions through it.
+            await wait_for(cr_blocked, what="the CR's Drained condition Blocked")
+            assert conditions(await api.node(held)) == before
 
             # A restart (a new leader) derives them from the node: no duplicate,
             # no rewrite, lastTransitionTime kept.

@@ -106,12 +106,12 @@ def applied(node: Obj, body: Obj | None) -> Obj:
         ),
         (
             Stage.DRAINING,
-            "Blocked",
+            "TimedOut",
             {
                 PL: ("False", "Started"),
                 IP: ("True", "NodeCordoned"),
-                DIP: ("True", "Blocked"),
-                DR: ("False", "Blocked"),
+                DIP: ("True", "TimedOut"),
+                DR: ("False", "TimedOut"),
             },
         ),
         (
@@ -256,6 +256,8 @@ def test_off_by_default_nothing_is_written() -> None:
             {IP: ("True", "NodeCordoned"), DIP: ("True", "Draining")},
         ),
         (
+            # Blocked is known from the evictions' answers only (memory): a new
+            # leader would flip it, so the node says Draining (the CR says Blocked).
             "blocked drain",
             lambda: observed(
                 _running_with(["a"], drained="Blocked"),
@@ -263,7 +265,17 @@ def test_off_by_default_nothing_is_written() -> None:
                 drain={"app/a": BLOCKED},
             ),
             ON,
-            {DIP: ("True", "Blocked"), DR: ("False", "Blocked")},
+            {DIP: ("True", "Draining"), DR: ("False", "Draining")},
+        ),
+        (
+            "drain past its deadline (onTimeout Report)",
+            lambda: observed(
+                _running_with(["a"], drained="TimedOut"),
+                pods=(pod("a"),),
+                drain={"app/a": BLOCKED},
+            ),
+            replace(ON, drain_timeout=5),
+            {DIP: ("True", "TimedOut"), DR: ("False", "TimedOut")},
         ),
         (
             "drained",

@@ -519,7 +519,9 @@ class Reconciler:
             return
         self.ports.nodes.remember(out)
         types = ", ".join(
-            f"{x['type']}={x.get('status', 'removed')}"
+            f"{x['type']}={x['status']} ({x['reason']})"
+            if "status" in x
+            else f"{x['type']} removed"
             for x in plan.node_conditions["status"]["conditions"]
         )
         log.info(

@@ -10,8 +10,8 @@ without knowing the NodeMaintenance CRD:
 ``MaintenancePlanned``      True while admitted but queued (fleet budget, window,
                             etcd quorum) or about to start; False once it started
 ``MaintenanceInProgress``   True once the node is taken (cordoned, tainted)
-``DrainInProgress``         True while pods are being evicted (reason: the CR's
-                            Drained reason: Draining, Blocked, TimedOut...)
+``DrainInProgress``         True while pods are being evicted (reason Draining,
+                            TimedOut once the drain's deadline passed)
 ``Drained``                 True once no pod is left to evict
 ==========================  =====================================================
 
@@ -40,6 +40,7 @@ from typing import Any
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenanceStatus, Phase
 from nmo.core.maintenance import nodepatch, transitions
+from nmo.core.maintenance.drainplan import REASON_TIMED_OUT
 from nmo.core.maintenance.observed import LeaseStep, Observed, Plan, Work
 
 Obj = dict[str, Any]
@@ -81,8 +82,7 @@ def wanted(name: str, stage: Stage, *, reason: str = "") -> tuple[Want, ...]:
     """The four conditions for a maintenance at ``stage``.
 
     ``reason``: for QUEUED the CR's Queued reason (BudgetExhausted,
-    OutsideWindow...), for DRAINING its Drained reason (Draining, Blocked,
-    TimedOut...). Messages stay the same while the stage and reason do (the
+    OutsideWindow...), for DRAINING Draining or TimedOut. Messages stay the same while the stage and reason do (the
     queue position and the drain's progress are on the CR), so a queue that
     moves or a drain that progresses writes nothing to the node.
     """
@@ -204,6 +204,26 @@ def stage_of(obs: Observed, out: Plan, st: NodeMaintenanceStatus) -> Stage:
     return Stage.DRAINED if st.phase is Phase.SUCCEEDED else Stage.DRAINING
 
 
+def _reason(st: NodeMaintenanceStatus, stage: Stage) -> str:
+    """The reason a stage's conditions carry, from what the CR's status persists.
+
+    Queued: the Queued condition's reason (the budget, the window, the
+    quorum). Draining: TimedOut once the drain's deadline passed, else
+    Draining; not Blocked, which is known from the evictions' answers only,
+    so a new leader would say Draining until its first eviction is refused,
+    and write the node twice for nothing (the CR's Drained condition and
+    pendingPodsDetails say which PodDisruptionBudget holds the drain).
+    """
+    if stage is Stage.QUEUED:
+        queued = transitions.condition(st, c.CONDITION_QUEUED)
+        return queued.reason if queued is not None else ""
+    if stage is Stage.DRAINING:
+        drained = transitions.condition(st, c.CONDITION_DRAINED)
+        if drained is not None and drained.reason == REASON_TIMED_OUT:
+            return REASON_TIMED_OUT
+    return ""
+
+
 def attach(obs: Observed, out: Plan, *, enabled: bool) -> Plan:
     """``out`` with the node conditions' patch of the pass (``Plan.node_conditions``).
 
@@ -230,9 +250,5 @@ def attach(obs: Observed, out: Plan, *, enabled: bool) -> Plan:
             return out
         else:
             stage = stage_of(obs, out, st)
-            reason = ""
-            kind = {Stage.QUEUED: c.CONDITION_QUEUED, Stage.DRAINING: c.CONDITION_DRAINED}
-            if stage in kind and (cond := transitions.condition(st, kind[stage])) is not None:
-                reason = cond.reason
-            body = patch(node, wanted(name, stage, reason=reason), now=obs.now)
+            body = patch(node, wanted(name, stage, reason=_reason(st, stage)), now=obs.now)
     return replace(out, node_conditions=body) if body is not None else out
