@@ -16,6 +16,8 @@ they go when the maintenances end, kubelet's (kwok's) conditions untouched.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,11 +44,30 @@ VALUES = ("nodeConditions.enabled=true",)
 FULLNAME = f"{RELEASE}-{VARIANT}"
 POLICY = f"{FULLNAME}-node-changes"
 PL, IP, DIP, DR = c.NODE_CONDITION_TYPES
-# docs/troubleshooting.md: every node under maintenance (kubectl jsonpath, then awk).
-JSONPATH = (
-    '{range .items[*]}{.metadata.name}{" "}'
-    '{.status.conditions[?(@.type=="MaintenanceInProgress")].status}{"\\n"}{end}'
-)
+GUIDE = Path(__file__).parents[2] / "docs" / "troubleshooting.md"
+
+
+def guide_line(start: str) -> str:
+    """The one command of docs/troubleshooting.md that starts with ``start``."""
+    (line,) = {ln for ln in GUIDE.read_text().splitlines() if ln.startswith(start)}
+    return line
+
+
+# Section 2.8: every node under maintenance; section 6.2: the conditions removed by hand.
+ONE_LINER = guide_line("kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}")
+BY_HAND = guide_line("kubectl patch node <node-name> --subresource=status")
+
+
+async def shell(sandbox: Sandbox, command: str) -> str:
+    """A guide command, verbatim, in a shell with the sandbox's kubectl and kubeconfig."""
+    env = {**os.environ, "PATH": f"{sandbox.bin_dir}:{os.environ['PATH']}"}
+    env["KUBECONFIG"] = str(sandbox.kubeconfig)
+    proc = await asyncio.create_subprocess_shell(
+        command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, f"{command}: {err.decode()}"
+    return out.decode()
 
 
 def conditions(node: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -196,10 +217,7 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
             assert got[IP] == ("False", "NotStarted"), got
 
             # The docs' one-liner finds the node under maintenance, not the queued one.
-            out = await sandbox.kubectl("get", "nodes", "-o", f"jsonpath={JSONPATH}")
-            assert out.returncode == 0, out.stderr
-            found = [ln.split()[0] for ln in out.stdout.splitlines() if ln.split()[1:] == ["True"]]
-            assert found == [held], out.stdout
+            assert (await shell(sandbox, ONE_LINER)).split() == [held]
 
             # A status rewrite that drops them (a kubelet replacing the status):
             # nmo writes them again, from the node it observes.
@@ -272,3 +290,17 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
             op.kill(signal.SIGTERM)
             CURRENT.remove(op)
             await reset_leader_leases(sandbox)
+
+    # Left behind (nmo was down when the CR went): section 6.2's command
+    # removes them and nothing else.
+    left = {"status": {"conditions": [before[t] for t in c.NODE_CONDITION_TYPES]}}
+    resp = await kube.patch(
+        f"/api/v1/nodes/{held}/status",
+        json=left,
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    assert set(lifecycle(await api.node(held))) == set(c.NODE_CONDITION_TYPES)
+    await shell(sandbox, BY_HAND.replace("<node-name>", held))
+    node = await api.node(held)
+    assert lifecycle(node) == {} and kwok_before <= set(conditions(node))
