@@ -385,7 +385,7 @@ def test_nmos_node_conditions_go_and_others_stay() -> None:
     before = node() | {"status": {"conditions": [ready, *mine, foreign]}}
     p = plan(before, [])
     assert kinds(p) == [StepKind.REMOVE_CONDITION] * 3
-    assert [str(s) for s in p.steps][0] == "node/n1: remove condition MaintenancePlanned"
+    assert str(p.steps[0]) == "node/n1: remove condition MaintenancePlanned"
     assert p.node_patch is None
     assert p.conditions_patch == {
         "status": {

@@ -82,9 +82,10 @@ def wanted(name: str, stage: Stage, *, reason: str = "") -> tuple[Want, ...]:
     """The four conditions for a maintenance at ``stage``.
 
     ``reason``: for QUEUED the CR's Queued reason (BudgetExhausted,
-    OutsideWindow...), for DRAINING Draining or TimedOut. Messages stay the same while the stage and reason do (the
-    queue position and the drain's progress are on the CR), so a queue that
-    moves or a drain that progresses writes nothing to the node.
+    OutsideWindow...), for DRAINING Draining or TimedOut. Messages stay the
+    same while the stage and reason do (the queue position and the drain's
+    progress are on the CR), so a queue that moves or a drain that
+    progresses writes nothing to the node.
     """
     nm = prefix(name)
 
