@@ -41,7 +41,7 @@ from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, NodeMaintenance, NodeMaintenanceStatus, Phase
 from nmo.core.maintenance import podselect, transitions
 from nmo.core.maintenance.observed import Emit, Observed, Plan, Read, ReadKind, Result
-from nmo.core.maintenance.policy import PlanSettings, heartbeat, reading, status_write
+from nmo.core.maintenance.policy import PlanSettings, reading, status_write
 
 Obj = dict[str, Any]
 
@@ -246,9 +246,18 @@ def gate(obs: Observed, st: NodeMaintenanceStatus, base: Plan, settings: PlanSet
         )
     reason = REASON_READ_FAILED if facts.error is not None else REASON_WAITING
     message = f"waiting until {_stamp(deadline)}: {what}"
-    new = set_condition(ConditionStatus.FALSE, reason, message)
-    if new.phase is not Phase.RUNNING:
-        new = new.model_copy(update={"phase": Phase.RUNNING, "last_update": now})
+    # Drained, not done: the status says so as Succeeded would (no pod left,
+    # 100 %), but the phase stays Running (lastUpdate: the planner's heartbeat).
+    new = set_condition(ConditionStatus.FALSE, reason, message).model_copy(
+        update={
+            "phase": Phase.RUNNING,
+            "drain_progress": 100,
+            "pending_pods": [],
+            "pending_pods_refs": [],
+            "pending_pods_details": [],
+            "last_error": None,
+        }
+    )
     left = (deadline - now).total_seconds()
     notes = base.notes
     if before is None or before.status is ConditionStatus.TRUE:
@@ -261,7 +270,7 @@ def gate(obs: Observed, st: NodeMaintenanceStatus, base: Plan, settings: PlanSet
         result=Result(requeue_after=max(0.05, min(settings.volume_poll, left))),
         drain_pending=0,
     )
-    return Gate(status=new, wait=heartbeat(obs, waiting, settings))
+    return Gate(status=new, wait=waiting)
 
 
 def _stamp(at: datetime) -> str:
