@@ -314,6 +314,16 @@ def test_a_failed_read_is_shown_and_the_deadline_still_holds() -> None:
     assert cond(late.status).reason == volumes.REASON_TIMED_OUT
 
 
+def test_a_wait_the_cr_turns_off_ends_at_once_and_says_so() -> None:
+    began = NOW - timedelta(seconds=20)
+    m = nm(drain={"waitForVolumeDetach": {"enabled": False}}, conditions=waiting_since(began))
+    out = planner.plan(observed(m, None), ON)
+    assert out.reads == () and out.status is not None and out.status.phase is Phase.SUCCEEDED
+    got = cond(out.status)
+    assert (got.status.value, got.reason) == ("False", volumes.REASON_TURNED_OFF)
+    assert out.volume_wait == ("turned_off", 20.0)
+
+
 def test_a_succeeded_maintenance_is_not_held_again() -> None:
     out = planner.plan(observed(nm(phase="Succeeded"), None), ON)
     assert out.reads == ()

@@ -69,7 +69,7 @@ class Metrics:
             "nmo_volume_detach_wait_seconds",
             "Time a maintenance waited, after its last pod left, for the VolumeAttachments "
             "of the drained pods' volumes to go (--wait-for-volume-detach), by outcome "
-            "(detached, timed_out).",
+            "(detached, timed_out, turned_off).",
             ["outcome"],
             buckets=_VOLUME_BUCKETS,
             registry=r,

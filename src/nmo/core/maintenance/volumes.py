@@ -24,7 +24,8 @@ maintenance succeeds now or waits:
   across restarts); at the deadline nmo reports (condition reason TimedOut,
   a Warning event VolumeDetachTimedOut) and proceeds, as Cluster API does
   after ``nodeVolumeDetachTimeout``: the maintenance succeeds;
-* when none is left: ``VolumesDetached`` True, and the maintenance succeeds.
+* when none is left: ``VolumesDetached`` True, and the maintenance succeeds;
+* a wait the CR turns off (``enabled: false``) ends at once: reason TurnedOff.
 
 A read that failed (RBAC, the API) is shown in the condition (reason
 ReadFailed) and retried; the deadline holds for it too: never a silent hang.
@@ -50,6 +51,7 @@ REASON_WAITING = "Waiting"
 REASON_DETACHED = "Detached"
 REASON_TIMED_OUT = "TimedOut"
 REASON_READ_FAILED = "ReadFailed"
+REASON_TURNED_OFF = "TurnedOff"  # spec.drain.waitForVolumeDetach.enabled false mid-wait
 MAX_NAMED = 10  # attachments named in the condition's message
 
 
@@ -187,8 +189,10 @@ class Gate:
 def gate(obs: Observed, st: NodeMaintenanceStatus, base: Plan, settings: PlanSettings) -> Gate:
     """Whether a drain with no pod left succeeds now or waits for volumes."""
     nm, now = obs.nm, obs.now
-    if st.phase is Phase.SUCCEEDED or not wanted(nm, settings):
+    if st.phase is Phase.SUCCEEDED:
         return Gate(status=st)
+    if not wanted(nm, settings):
+        return _turned_off(nm, st, now)
     if obs.volumes is None:
         return Gate(status=st, wait=reading((Read(ReadKind.VOLUMES, nm.spec.node_name),)))
     node, name = nm.spec.node_name, nm.metadata.name
@@ -271,6 +275,29 @@ def gate(obs: Observed, st: NodeMaintenanceStatus, base: Plan, settings: PlanSet
         drain_pending=0,
     )
     return Gate(status=new, wait=waiting)
+
+
+def _turned_off(nm: NodeMaintenance, st: NodeMaintenanceStatus, now: datetime) -> Gate:
+    """No wait: a wait the CR's spec turned off meanwhile ends, and says so."""
+    before = transitions.condition(st, c.CONDITION_VOLUMES_DETACHED)
+    if before is None or before.status is ConditionStatus.TRUE:
+        return Gate(status=st)
+    message = "the wait for volumes was turned off; the maintenance proceeds"
+    new = transitions.with_condition(
+        st,
+        type_=c.CONDITION_VOLUMES_DETACHED,
+        state=ConditionStatus.FALSE,
+        reason=REASON_TURNED_OFF,
+        message=message,
+        now=now,
+        generation=nm.metadata.generation or None,
+    )
+    since = before.last_transition_time or now
+    return Gate(
+        status=new,
+        notes=(f"maintenance {nm.metadata.name}: {message}",),
+        waited=("turned_off", (now - since).total_seconds()),
+    )
 
 
 def _stamp(at: datetime) -> str:
