@@ -12,8 +12,8 @@ import pytest
 from nmo.api import constants as c
 from nmo.api.models import NodeMaintenance, Phase
 from nmo.core.maintenance import planner, policy, volumes
-from nmo.core.maintenance.observed import Observed, Read, ReadKind, Recall
-from nmo.core.maintenance.volumes import VolumeFacts, waited_for
+from nmo.core.maintenance.observed import Observed, Read, ReadKind, Recall, VolumeFacts
+from nmo.core.maintenance.volumes import waited_for
 from nmo.kube import slim
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)

@@ -29,8 +29,7 @@ from typing import Any
 
 from nmo.api.models import NodeMaintenance
 from nmo.core.maintenance.drainstate import PodDrainState
-from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts
-from nmo.core.maintenance.volumes import VolumeFacts
+from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts, VolumeFacts
 from nmo.kube.informer import Informer
 
 log = logging.getLogger("nmo.memory")

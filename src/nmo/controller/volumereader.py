@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nmo.core.maintenance.volumes import VolumeFacts
+from nmo.core.maintenance.observed import VolumeFacts
 from nmo.kube import slim
 from nmo.kube.client import Kube, api_path
 from nmo.kube.errors import KubeError, NotFound

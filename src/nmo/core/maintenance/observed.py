@@ -25,7 +25,6 @@ from nmo.core.maintenance.drainstate import PodDrainState
 
 if TYPE_CHECKING:
     from nmo.core.maintenance.notifications import Notification
-    from nmo.core.maintenance.volumes import VolumeFacts
 
 Obj = dict[str, Any]
 
@@ -76,6 +75,17 @@ class QuorumFacts:
     pdbs: tuple[Obj, ...] = ()  # the PodDisruptionBudgets of openshift-etcd
     pods: tuple[Obj, ...] = ()  # its pods, when the one PDB allows no disruption
     error: str | None = None  # the read failed: the maintenance waits
+
+
+@dataclass(frozen=True)
+class VolumeFacts:
+    """What volume-safe completion decides on (:mod:`nmo.core.maintenance.volumes`),
+    read by the executor when a drain that waits for volumes reached its end."""
+
+    attachments: tuple[Obj, ...] = ()  # the VolumeAttachments whose spec.nodeName is the node
+    # PV name -> the PersistentVolume (None: not found)
+    volumes: Mapping[str, Obj | None] = field(default_factory=dict)
+    error: str | None = None  # the read failed: nothing above is known
 
 
 @dataclass(frozen=True)

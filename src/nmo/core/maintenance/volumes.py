@@ -33,15 +33,22 @@ ReadFailed) and retried; the deadline holds for it too: never a silent hang.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, NodeMaintenance, NodeMaintenanceStatus, Phase
 from nmo.core.maintenance import podselect, transitions
-from nmo.core.maintenance.observed import Emit, Observed, Plan, Read, ReadKind, Result
+from nmo.core.maintenance.observed import (
+    Emit,
+    Observed,
+    Plan,
+    Read,
+    ReadKind,
+    Result,
+    VolumeFacts,
+)
 from nmo.core.maintenance.policy import PlanSettings, reading, status_write
 
 Obj = dict[str, Any]
@@ -53,17 +60,6 @@ REASON_TIMED_OUT = "TimedOut"
 REASON_READ_FAILED = "ReadFailed"
 REASON_TURNED_OFF = "TurnedOff"  # spec.drain.waitForVolumeDetach.enabled false mid-wait
 MAX_NAMED = 10  # attachments named in the condition's message
-
-
-@dataclass(frozen=True)
-class VolumeFacts:
-    """What the executor read when the drain reached its end."""
-
-    attachments: tuple[Obj, ...] = ()  # the VolumeAttachments whose spec.nodeName is the node
-    volumes: Mapping[str, Obj | None] = field(
-        default_factory=dict
-    )  # PV name -> PV (None: not found)
-    error: str | None = None  # the read failed: nothing above is known
 
 
 @dataclass(frozen=True)
