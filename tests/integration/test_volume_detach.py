@@ -19,6 +19,7 @@ pod left, with no VolumesDetached condition.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -270,9 +271,28 @@ async def test_deadline_is_reported_and_the_maintenance_proceeds(
     assert len(await api.events(name, "VolumeDetachTimedOut")) == 1
 
 
+@contextlib.asynccontextmanager
+async def flags(operator: Operator, *extra: str) -> AsyncIterator[None]:
+    """The session's nmo restarted with ``extra`` flags for a test, then as it was."""
+    saved = list(operator.extra)
+    operator.extra = [*saved, *extra]
+    try:
+        await operator.restart()
+        yield
+    finally:
+        operator.extra = saved
+        await operator.restart()
+
+
 async def test_multi_attach_and_staying_volumes_are_not_waited_for(
     operator: Operator, storage: Storage
 ) -> None:
+    """The operator-wide switch (the chart's drain.waitForVolumeDetach), no CR field."""
+    async with flags(operator, "--wait-for-volume-detach", "--volume-detach-timeout=300"):
+        await _multi_attach_and_staying(storage)
+
+
+async def _multi_attach_and_staying(storage: Storage) -> None:
     api = storage.api
     rwo = await storage.claim("data")
     rwx = await storage.claim("shared", "ReadWriteMany")
@@ -283,10 +303,7 @@ async def test_multi_attach_and_staying_volumes_are_not_waited_for(
     name = await create_nm(
         api,
         storage.node,
-        {
-            "podSelector": {"matchLabels": {"drain": "yes"}},
-            "waitForVolumeDetach": {"enabled": True, "timeoutSeconds": 300},
-        },
+        {"podSelector": {"matchLabels": {"drain": "yes"}}},
     )
 
     async def waiting() -> dict[str, Any] | None:
