@@ -229,7 +229,7 @@ async def test_waits_for_the_attachment_and_names_it(operator: Operator, storage
 
     done = await wait_for(succeeded, what="Succeeded once detached", timeout=30)
     cond = condition(done)
-    assert cond["status"] == "True" and cond["reason"] == "Detached", cond
+    assert (cond.get("status"), cond.get("reason")) == ("True", "Detached"), cond
     assert await api.events(name, "VolumeDetachTimedOut") == []
     assert (
         await operator.metric("nmo_volume_detach_wait_seconds_count", outcome="detached")
@@ -256,7 +256,7 @@ async def test_deadline_is_reported_and_the_maintenance_proceeds(
 
     done = await wait_for(succeeded, what="Succeeded at the deadline", timeout=60)
     cond = condition(done)
-    assert cond["status"] == "False" and cond["reason"] == "TimedOut", cond
+    assert (cond.get("status"), cond.get("reason")) == ("False", "TimedOut"), cond
     assert cond["message"].startswith("volumes not detached within 4s (deadline "), cond
     assert pv in cond["message"] and cond["message"].endswith("the maintenance proceeds")
     # The attachment is still there: nmo did not wait for it past the deadline.

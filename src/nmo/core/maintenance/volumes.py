@@ -29,6 +29,13 @@ maintenance succeeds now or waits:
 
 A read that failed (RBAC, the API) is shown in the condition (reason
 ReadFailed) and retried; the deadline holds for it too: never a silent hang.
+
+Inline volumes: CSI ephemeral volumes (``pod.spec.volumes[].csi``) are never
+attached, so there is nothing to wait for. An attachment of a migrated
+in-tree inline volume (``spec.source.inlineVolumeSpec``) is waited for
+unless multi-attach; it cannot be told apart from a staying pod's without
+translating the pod's in-tree volume, so a staying pod's such volume is
+waited for until the deadline.
 """
 
 from __future__ import annotations
