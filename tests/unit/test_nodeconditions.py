@@ -27,7 +27,7 @@ from test_planner import (
 )
 
 from nmo.api import constants as c
-from nmo.api.models import Phase
+from nmo.api.models import Condition, ConditionStatus, Phase
 from nmo.core.maintenance import nodeconditions as nc
 from nmo.core.maintenance import planner, policy
 from nmo.core.maintenance.drainstate import REASON_PDB, PodDrainState
@@ -291,6 +291,41 @@ def test_live_maintenances_set_their_stage(
     plan = _plan(obs(), settings)
     got = table(plan.node_conditions)
     assert {t: got[t] for t in expected} == expected, name
+
+
+@pytest.mark.parametrize(
+    ("volumes", "expected"),
+    [
+        (
+            "False",
+            {DIP: ("True", "WaitingForVolumeDetach"), DR: ("False", "WaitingForVolumeDetach")},
+        ),
+        ("True", {DIP: ("True", "Draining"), DR: ("False", "Draining")}),
+    ],
+)
+def test_a_drain_waiting_for_its_volumes_is_not_drained_yet(
+    volumes: str, expected: dict[str, tuple[str, str]]
+) -> None:
+    """--wait-for-volume-detach: every pod left, the CR stays Running with its
+    VolumesDetached condition False; the node says the drain goes on."""
+    st = nm_obj(phase=Phase.RUNNING).status.model_copy(
+        update={
+            "conditions": [
+                Condition(
+                    type=c.CONDITION_VOLUMES_DETACHED,
+                    status=ConditionStatus(volumes),
+                    reason="Waiting",
+                    message="1 volume(s) still attached",
+                )
+            ]
+        }
+    )
+    out = Plan(status=st)
+    stage = nc.stage_of(observed(nm_obj(phase=Phase.RUNNING)), out, st)
+    assert stage is Stage.DRAINING
+    body = nc.attach(observed(nm_obj(phase=Phase.RUNNING)), out, enabled=True)
+    got = table(body.node_conditions)
+    assert {t: got[t] for t in expected} == expected
 
 
 def test_a_pass_on_a_node_that_says_so_already_writes_nothing() -> None:

@@ -97,6 +97,12 @@ NODE_CONDITION_TYPES: Final = (
     NODE_CONDITION_DRAIN_IN_PROGRESS,
     NODE_CONDITION_DRAINED,
 )
+# Volume-safe completion (issue 23, opt-in): after the last pod left, the
+# maintenance waits for the VolumeAttachments of the drained pods' volumes.
+CONDITION_VOLUMES_DETACHED: Final = "VolumesDetached"
+EVENT_VOLUME_DETACH_TIMED_OUT: Final = "VolumeDetachTimedOut"
+VOLUME_DETACH_TIMEOUT_DEFAULT: Final = 360  # seconds: the attach/detach controller's force-detach
+VOLUME_DETACH_TIMEOUT_MAX: Final = 86400  # one day
 
 # Install names the troubleshooting guide uses.
 OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"

@@ -11,7 +11,8 @@ without knowing the NodeMaintenance CRD:
                             etcd quorum) or about to start; False once it started
 ``MaintenanceInProgress``   True once the node is taken (cordoned, tainted)
 ``DrainInProgress``         True while pods are being evicted (reason Draining,
-                            TimedOut once the drain's deadline passed)
+                            TimedOut once the drain's deadline passed), and
+                            while their volumes detach (WaitingForVolumeDetach)
 ``Drained``                 True once no pod is left to evict
 ==========================  =====================================================
 
@@ -52,6 +53,9 @@ REASON_NOT_STARTED = "NotStarted"
 REASON_TAKEN = "NodeCordoned"  # InProgress: cordoned, tainted, labelled
 REASON_DRAINED = "Drained"
 REASON_DRAINING = "Draining"
+# --wait-for-volume-detach: the pods left, their VolumeAttachments have not
+# (the CR's VolumesDetached condition is False): the drain is not done yet.
+REASON_VOLUMES = "WaitingForVolumeDetach"
 
 
 class Stage(enum.Enum):
@@ -82,7 +86,7 @@ def wanted(name: str, stage: Stage, *, reason: str = "") -> tuple[Want, ...]:
     """The four conditions for a maintenance at ``stage``.
 
     ``reason``: for QUEUED the CR's Queued reason (BudgetExhausted,
-    OutsideWindow...), for DRAINING Draining or TimedOut. Messages stay the
+    OutsideWindow...), for DRAINING Draining, TimedOut or WaitingForVolumeDetach. Messages stay the
     same while the stage and reason do (the queue position and the drain's
     progress are on the CR), so a queue that moves or a drain that
     progresses writes nothing to the node.
@@ -125,7 +129,10 @@ def wanted(name: str, stage: Stage, *, reason: str = "") -> tuple[Want, ...]:
             want(c.NODE_CONDITION_DRAINED, True, REASON_DRAINED, done),
         )
     why = reason or REASON_DRAINING
-    text = "evicting pods" if why == REASON_DRAINING else f"evicting pods ({why})"
+    text = {
+        REASON_DRAINING: "evicting pods",
+        REASON_VOLUMES: "every pod left, waiting for their volumes to detach",
+    }.get(why, f"evicting pods ({why})")
     return (
         started,
         taken,
@@ -209,7 +216,8 @@ def _reason(st: NodeMaintenanceStatus, stage: Stage) -> str:
     """The reason a stage's conditions carry, from what the CR's status persists.
 
     Queued: the Queued condition's reason (the budget, the window, the
-    quorum). Draining: TimedOut once the drain's deadline passed, else
+    quorum). Draining: WaitingForVolumeDetach while the CR's VolumesDetached
+    condition is False, TimedOut once the drain's deadline passed, else
     Draining; not Blocked, which is known from the evictions' answers only,
     so a new leader would say Draining until its first eviction is refused,
     and write the node twice for nothing (the CR's Drained condition and
@@ -219,6 +227,9 @@ def _reason(st: NodeMaintenanceStatus, stage: Stage) -> str:
         queued = transitions.condition(st, c.CONDITION_QUEUED)
         return queued.reason if queued is not None else ""
     if stage is Stage.DRAINING:
+        volumes = transitions.condition(st, c.CONDITION_VOLUMES_DETACHED)
+        if volumes is not None and volumes.status.value == FALSE:
+            return REASON_VOLUMES  # every pod left; its volumes not detached yet
         drained = transitions.condition(st, c.CONDITION_DRAINED)
         if drained is not None and drained.reason == REASON_TIMED_OUT:
             return REASON_TIMED_OUT
