@@ -21,7 +21,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import pytest
 import yaml
 from chart_identity import RELEASE_NAMESPACE, chart_identity
 from objects import Api
-from operator_fixtures import CURRENT, Operator, others_stopped, wait_for
+from operator_fixtures import CURRENT, Operator, wait_for
 from test_drain_control import blocked_node, create_nm, remove_nm, wait_phase
 
 from nmo_sandbox import Sandbox
@@ -130,13 +129,6 @@ def test_promtool_tests_fail_on_other_rules(tmp_path: Path) -> None:
 # -- a real Prometheus scraping a real nmo ---------------------------------------------
 
 
-@pytest.fixture
-async def sole_operator(operator: Operator) -> AsyncIterator[None]:
-    """The session's nmo is stopped: the test's own nmo reconciles alone."""
-    async with others_stopped():
-        yield
-
-
 async def service_account_token(kube: httpx.AsyncClient, namespace: str, name: str) -> str:
     resp = await kube.post(
         f"/api/v1/namespaces/{namespace}/serviceaccounts",
@@ -164,7 +156,7 @@ def scrape_job(name: str, port: int, token: Path, ca: Path) -> dict[str, Any]:
 
 
 async def test_drain_blocked_alert_fires_and_resolves_on_a_real_prometheus(
-    sole_operator: None,
+    sole_operator: None,  # the session's nmo stopped: this test's nmo reconciles alone
     sandbox: Sandbox,
     kube: httpx.AsyncClient,
     namespace: str,
