@@ -13,7 +13,9 @@ evaluated by Prometheus itself, built by ``make prometheus-bin``:
   (``metrics.readers``) lets through nmo's TokenReview and
   SubjectAccessReview, loads the chart's rules, and NodeMaintenanceDrainBlocked
   fires for a drain a PodDisruptionBudget blocks, then resolves once the
-  budget allows the evictions.
+  budget allows the evictions;
+* the launcher itself (nmo_sandbox.prometheus.running_prometheus) serves an
+  always-firing rule, as a gate test uses it, and stops.
 """
 
 from __future__ import annotations
@@ -124,6 +126,25 @@ def test_promtool_tests_fail_on_other_rules(tmp_path: Path) -> None:
     assert "alertname: NodeMaintenanceDrainBlocked" in failed, failed
     for other in ("DrainTimedOut", "Failed", "LeaseErrors", "WebhookDenialsSpike"):
         assert f"alertname: NodeMaintenance{other}," not in failed, failed
+
+
+# -- the launcher, as other tests use it ------------------------------------------------
+
+
+async def test_the_launcher_serves_an_always_firing_rule_then_stops(tmp_path: Path) -> None:
+    """What a gate test (``--blocking-prometheus-url``) starts: one rule, no scrape."""
+    rules = tmp_path / "always.yaml"
+    rule = {"alert": "AlwaysFiring", "expr": "vector(1)", "labels": {"severity": "critical"}}
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "gate", "rules": [rule]}]}))
+    async with running_prometheus(tmp_path / "prom", rule_files=[rules]) as prom:
+        (alert,) = await prom.wait_for_alerts("AlwaysFiring", labels={"severity": "critical"})
+        assert alert["state"] == "firing"
+        (sample,) = await prom.query("vector(1) * 2")
+        assert sample["value"][1] == "2", sample
+        url = prom.url
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.TransportError):
+            await http.get(f"{url}/-/ready")  # stopped: nothing listens any more
 
 
 # -- a real Prometheus scraping a real nmo ---------------------------------------------
