@@ -32,7 +32,7 @@ import yaml
 from chart_identity import RELEASE_NAMESPACE, chart_identity
 from objects import Api
 from operator_fixtures import CURRENT, Operator, wait_for
-from test_drain_control import blocked_node, create_nm, remove_nm, wait_phase
+from test_drain_control import blocked_node, create_nm, remove_nm, wait_phase, wait_reason
 
 from nmo_sandbox import Sandbox
 from nmo_sandbox.prometheus import (
@@ -248,8 +248,12 @@ async def drain_blocked_fires_and_resolves(
     node, _ = await blocked_node(api, namespace, node_factory)  # 2 pods, PDB allows 0
     name = await create_nm(api, node)
 
+    # The gauge is computed at each scrape: the 3 s threshold, a scrape and an
+    # evaluation after nmo first reports the drain Blocked (it was about 30 s
+    # when the gauge was set only at the end of a drain pass).
+    await wait_reason(api, name, "Blocked")
     (alert,) = await prom.wait_for_alerts(
-        "NodeMaintenanceDrainBlocked", labels={"maintenance": name}, timeout=60
+        "NodeMaintenanceDrainBlocked", labels={"maintenance": name}, timeout=15
     )
     assert alert["labels"] == {
         "alertname": "NodeMaintenanceDrainBlocked",

@@ -120,6 +120,7 @@ class Engine:
         # Every request of the process's client is counted, as client-go's
         # rest client counts the Go operator's (rest_client_requests_total).
         kube.on_response = metrics.rest_request
+        metrics.on_scrape(self._scrape)
         self.maintenances = Informer(
             kube,
             NM_PATH,
@@ -445,6 +446,12 @@ class Engine:
                 self.metrics.reconciled(compat, elapsed)
                 self.metrics.queue_depth.set(len(self.queue))
                 self._phase_gauge()
+
+    def _scrape(self) -> None:
+        """Before a scrape: nmo_drain_blocked_seconds as of now on the leader (a
+        pass of a drain with pods pending lasts up to 30 s)."""
+        if self.leading:
+            self._phase_gauge()
 
     def _phase_gauge(self) -> None:
         counts = {"Pending": 0, "Running": 0, "Succeeded": 0, "Failed": 0}

@@ -52,6 +52,7 @@ class QueueInstruments:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._refreshers: list[Callable[[], None]] = []
         r = self.registry
         self.maintenances = Gauge(
             "nmo_maintenances",
@@ -169,6 +170,17 @@ class Metrics:
         )
         self._controller_runtime(r)
         ProcessCollector(registry=r)
+
+    def on_scrape(self, refresh: Callable[[], None]) -> None:
+        """Call ``refresh`` before every scrape: gauges of elapsed time (how
+        long a drain has been blocked) are current when read, not as old as
+        the last reconcile pass."""
+        self._refreshers.append(refresh)
+
+    def refresh(self) -> None:
+        """What a ``/metrics`` request runs before rendering the registry."""
+        for refresh in self._refreshers:
+            refresh()
 
     def _controller_runtime(self, r: CollectorRegistry) -> None:
         """controller-runtime's and client-go's series, as the Go operator serves them."""
