@@ -49,6 +49,7 @@ from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.core.maintenance import admission, planner, podselect, policy, transitions
+from nmo.core.maintenance.gates import AlertsSeen
 from nmo.core.maintenance.observed import (
     DONE,
     Emit,
@@ -107,6 +108,7 @@ class Ports:
     wake_queued: Callable[[], None] = field(default=_no_wake)  # a ledger write moved the queue
     notifier: Notifier | None = None
     quorum: QuorumGuard | None = None  # reads the etcd-quorum facts for queued nodes
+    alerts: Callable[[], AlertsSeen] | None = None  # the alert gate's last answer
 
 
 class Reconciler:
@@ -242,6 +244,7 @@ class Reconciler:
             ledger=ledger,
             fleet=fleet,
             quorum=fetched.quorum,
+            alerts=None if ports.alerts is None else ports.alerts(),
         )
 
     def _pdbs(self, record: Memory) -> dict[str, Obj]:
