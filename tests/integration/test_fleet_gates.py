@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from chart_identity import RELEASE_NAMESPACE, reset_leader_leases
 from objects import NM, Api
 from operator_fixtures import wait_for
@@ -23,6 +25,8 @@ from test_fleet import NodeWatch, condition, cr, replicas
 
 from nmo.controller.ledger import LEDGER_NAME, RETURNED
 from nmo_sandbox import Sandbox
+from nmo_sandbox.process import free_ports
+from nmo_sandbox.prometheus import Prometheus, find_prometheus
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("sole_operator")]
 
@@ -128,3 +132,129 @@ async def test_the_soak_holds_the_next_maintenance_across_a_restart(
                 await _remove(api, first, second)
             finally:
                 await gen.aclose()
+
+
+# -- the alert gate, against a real Prometheus -----------------------------------
+
+BLOCKER = "NodeMaintenanceBlocker"
+NOISE = "UnrelatedNoise"
+
+
+def rule_file(path: Path, *alerts: str) -> Path:
+    """Always-firing alerts (``vector(1)``, no ``for``: firing at the first evaluation)."""
+    rules = [{"alert": a, "expr": "vector(1)", "labels": {"severity": "warning"}} for a in alerts]
+    path.write_text(yaml.safe_dump({"groups": [{"name": "gate-test", "rules": rules}]}))
+    return path
+
+
+class ReloadablePrometheus(Prometheus):
+    """The launcher's Prometheus with its lifecycle API (POST /-/reload)."""
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--web.enable-lifecycle"]
+
+    async def reload(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10) as http:
+            resp = await http.post("/-/reload")
+        assert resp.status_code == 200, resp.text
+
+
+async def _firing(prom: Prometheus) -> set[str]:
+    return {a["labels"]["alertname"] for a in await prom.alerts() if a["state"] == "firing"}
+
+
+@pytest.mark.usefixtures("fresh_ledger")
+async def test_a_firing_alert_queues_new_maintenances_until_it_resolves(
+    sandbox: Sandbox, api: Api, node_factory: Any, tmp_path: Path
+) -> None:
+    """An always-firing alert matching --blocking-alerts keeps a new maintenance
+    Queued with the alert's name (a non-matching one does not count); once the
+    rule is removed and Prometheus reloaded, the alert resolves and it starts."""
+    bins = find_prometheus(check=False)
+    if not os.access(bins.prometheus, os.X_OK):
+        pytest.fail(f"no Prometheus in {bins.bin_dir}: build it with `make prometheus-bin`")
+    (node,) = await node_factory(1)
+    name = f"gate-{node_factory.prefix}"
+    rules = rule_file(tmp_path / "rules.yml", BLOCKER, NOISE)
+    prom = ReloadablePrometheus(tmp_path / "prom", rule_files=[rules], binaries=bins)
+    await prom.start()
+    try:
+        await wait_for(lambda: _has(prom, {BLOCKER, NOISE}), what="both alerts firing")
+        flags = [
+            *("--blocking-prometheus-url", prom.url),
+            *("--blocking-alerts", f"^{BLOCKER}$"),
+            *("--blocking-prometheus-interval", "1"),
+        ]
+        gen = replicas(sandbox, tmp_path / "nmo", 1, flags)
+        (op,) = await gen.__anext__()
+        try:
+            await api.create(NM, cr(name, node))
+            obj = await wait_for(lambda: _queued(api, name, "AlertFiring"), what="AlertFiring")
+            assert obj["status"]["phase"] == "Pending"
+            message = condition(obj, "Queued")["message"]
+            assert message == (
+                f"position 1 of 1 in the queue: alert {BLOCKER} firing on Prometheus "
+                f"(--blocking-alerts '^{BLOCKER}$')"
+            ), message
+            assert list(obj["metadata"].get("finalizers") or []) == []  # nothing done
+            n = await api.node(node)
+            assert not n["spec"].get("unschedulable") and not n["spec"].get("taints")
+            assert await op.metric("nmo_fleet_blocking_alerts") == 1
+            assert await op.metric("nmo_fleet_prometheus_up") == 1
+
+            rule_file(rules, NOISE)  # the blocker's rule is gone: its alert resolves
+            await prom.reload()
+            await wait_for(lambda: _has(prom, {NOISE}), what="only the noise firing")
+            await wait_for(lambda: _phase_is(api, name, "Succeeded"), what=f"{name} started")
+            admitted = condition((await api.nm(name)) or {}, "Queued")
+            assert (admitted["status"], admitted["reason"]) == ("False", "Admitted"), admitted
+            assert await op.metric("nmo_fleet_blocking_alerts") == 0
+        finally:
+            try:
+                await _remove(api, name)
+            finally:
+                await gen.aclose()
+    finally:
+        prom.stop()
+
+
+async def _has(prom: Prometheus, names: set[str]) -> bool:
+    return await _firing(prom) == names
+
+
+@pytest.mark.usefixtures("fresh_ledger")
+async def test_prometheus_unreachable_holds_new_maintenances(
+    sandbox: Sandbox, api: Api, node_factory: Any, tmp_path: Path
+) -> None:
+    """Fail-closed, as kured: no answer from Prometheus, no new maintenance."""
+    (node,) = await node_factory(1)
+    name = f"gate-down-{node_factory.prefix}"
+    (port,) = free_ports(1)  # nothing listens there
+    url = f"http://127.0.0.1:{port}"
+    flags = [
+        *("--blocking-prometheus-url", url),
+        *("--blocking-alerts", ".*"),
+        *("--blocking-prometheus-interval", "1"),
+    ]
+    gen = replicas(sandbox, tmp_path, 1, flags)
+    (op,) = await gen.__anext__()
+    try:
+        await api.create(NM, cr(name, node))
+        obj = await wait_for(
+            lambda: _queued(api, name, "PrometheusUnavailable"), what="PrometheusUnavailable"
+        )
+        message = condition(obj, "Queued")["message"]
+        assert message.startswith(
+            f"position 1 of 1 in the queue: cannot reach Prometheus at {url}: "
+        )
+        assert message.endswith(
+            "new maintenances wait until it answers (fail-closed, --blocking-prometheus-url)"
+        ), message
+        assert obj["status"]["phase"] == "Pending"
+        assert await op.metric("nmo_fleet_prometheus_up") == 0
+        assert await op.metric("nmo_fleet_prometheus_queries_total", result="failed") >= 1
+    finally:
+        try:
+            await _remove(api, name)
+        finally:
+            await gen.aclose()
