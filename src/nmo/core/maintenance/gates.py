@@ -176,7 +176,12 @@ def _alert_hold(alerts: AlertsSeen, pattern: str) -> tuple[str, str] | None:
 
 
 def _queued(decision: Admission, reason: str, message: str, retry: float) -> Admission:
-    after = retry if decision.retry_after is None else min(retry, decision.retry_after)
+    # A CR behind older ones looks again when the gate may have opened, not
+    # every second as it does when the head is about to start: the head's
+    # admission wakes the queue anyway.
+    after = retry
+    if decision.retry_after is not None and decision.reason != admission.REASON_ORDER:
+        after = min(retry, decision.retry_after)
     return replace(
         decision,
         admit=False,
