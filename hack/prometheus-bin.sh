@@ -12,7 +12,10 @@
 # `go install <pkg>@<version>` builds upstream's own mains, ./cmd/prometheus
 # and ./cmd/promtool). Built without the `builtinassets` tag: the web UI's
 # JavaScript assets are not in the module and the tests use only the HTTP API,
-# so the server's UI pages answer "not found" while /api/v1 works.
+# so the server's UI pages answer "not found" while /api/v1 works. Built with
+# upstream's `remove_all_sd` tag (plugins/plugin_*.go): no cloud service
+# discovery (AWS, Azure, GCE, Kubernetes, ...), which roughly halves the build;
+# static_configs and file_sd_configs, what the tests scrape with, stay.
 #
 # Idempotent and resumable: each binary is installed into a temporary
 # directory and renamed when complete; the Go module and build caches keep
@@ -64,7 +67,11 @@ info=$(cd "$WORK_DIR" && GOFLAGS=-mod=mod go mod download -json "$MODULE@$VERSIO
 
 # The version strings `prometheus --version` prints, as upstream's release
 # builds set them (github.com/prometheus/common/version).
+# The Go module's v0.MMM.P is Prometheus vM.MM.P (v0.316.0: Prometheus 3.16.0).
 ver=${VERSION#v}
+if [[ $VERSION =~ ^v0\.([0-9])([0-9][0-9])\.([0-9]+)$ ]]; then
+  ver="${BASH_REMATCH[1]}.$((10#${BASH_REMATCH[2]})).${BASH_REMATCH[3]}"
+fi
 ld="-s -w -X github.com/prometheus/common/version.Version=$ver"
 ld+=" -X github.com/prometheus/common/version.Revision=$VERSION"
 ld+=" -X github.com/prometheus/common/version.Branch=$VERSION"
@@ -74,7 +81,7 @@ for b in "${BINARIES[@]}"; do
   [ -x "$BIN_DIR/$b" ] && continue
   t0=$SECONDS
   rm -rf "$WORK_DIR/gobin.tmp"; mkdir -p "$WORK_DIR/gobin.tmp"
-  (cd "$WORK_DIR" && GOBIN="$WORK_DIR/gobin.tmp" go install -trimpath -ldflags "$ld" "$MODULE/cmd/$b@$VERSION") \
+  (cd "$WORK_DIR" && GOBIN="$WORK_DIR/gobin.tmp" go install -trimpath -tags remove_all_sd -ldflags "$ld" "$MODULE/cmd/$b@$VERSION") \
     || die "go install $MODULE/cmd/$b@$VERSION failed (see above)"
   mv "$WORK_DIR/gobin.tmp/$b" "$BIN_DIR/$b.tmp"
   mv "$BIN_DIR/$b.tmp" "$BIN_DIR/$b"
