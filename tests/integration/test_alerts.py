@@ -82,7 +82,7 @@ def stage(tmp_path: Path, test_file: str, rules: dict[str, Any] | None = None) -
     return tmp_path / rule_file
 
 
-def tested_alerts(test_file: str) -> tuple[set[str], set[str]]:
+def alert_cases(test_file: str) -> tuple[set[str], set[str]]:
     """(alerts some case expects firing, alerts some case expects silent)."""
     doc = yaml.safe_load((TESTS / test_file).read_text())
     cases = [c for t in doc["tests"] for c in t.get("alert_rule_test", [])]
@@ -96,10 +96,10 @@ def test_promtool_tests_cover_every_alert_of_the_chart() -> None:
     """Each alert has a case where it fires and one where it does not."""
     shipped = {r["alert"] for g in chart_rules()["groups"] for r in g["rules"]}
     assert len(shipped) == 5, shipped
-    fires, silent = tested_alerts("alerts_test.yaml")
+    fires, silent = alert_cases("alerts_test.yaml")
     assert fires == shipped
     assert silent == shipped
-    fires_with_values, _ = tested_alerts("alerts_values_test.yaml")
+    fires_with_values, _ = alert_cases("alerts_values_test.yaml")
     assert fires_with_values == shipped  # alertLabels reach every alert
 
 
@@ -235,15 +235,9 @@ async def drain_blocked_fires_and_resolves(
     node, _ = await blocked_node(api, namespace, node_factory)  # 2 pods, PDB allows 0
     name = await create_nm(api, node)
 
-    async def firing() -> dict[str, Any] | None:
-        for alert in await prom.alerts():
-            labels = alert["labels"]
-            ours = labels["alertname"] == "NodeMaintenanceDrainBlocked"
-            if ours and labels.get("maintenance") == name and alert["state"] == "firing":
-                return dict(alert)
-        return None
-
-    alert = await wait_for(firing, timeout=60, what=f"NodeMaintenanceDrainBlocked for {name}")
+    (alert,) = await prom.wait_for_alerts(
+        "NodeMaintenanceDrainBlocked", labels={"maintenance": name}, timeout=60
+    )
     assert alert["labels"] == {
         "alertname": "NodeMaintenanceDrainBlocked",
         "severity": "warning",
@@ -269,9 +263,8 @@ async def drain_blocked_fires_and_resolves(
     )
     await wait_phase(api, name, "Succeeded")
 
-    async def resolved() -> bool:
-        return not [a for a in await prom.alerts() if a["labels"].get("maintenance") == name]
-
-    await wait_for(resolved, timeout=30, what=f"NodeMaintenanceDrainBlocked for {name} resolved")
+    await prom.wait_for_alerts(
+        "NodeMaintenanceDrainBlocked", labels={"maintenance": name}, present=False, timeout=30
+    )
     assert await prom.query(f'nmo_drain_blocked_seconds{{maintenance="{name}"}}') == []
     await remove_nm(api, name)

@@ -17,6 +17,7 @@ launcher is here, in the sandbox package, and knows nothing about nmo:
         prom.url                            # http://127.0.0.1:<free port>
         await prom.alerts()                 # /api/v1/alerts' data["alerts"]
         await prom.query("up")              # /api/v1/query's data["result"]
+        await prom.wait_for_alerts("AlwaysFiring")  # polls until it is firing
 
 The binaries are ``hack/prometheus-bin.sh``'s, built from the Go module
 github.com/prometheus/prometheus into ``~/.cache/nmo/prometheus/<version>/bin``
@@ -41,7 +42,7 @@ import httpx
 import yaml
 
 from nmo_sandbox.binaries import find_binaries, repo_root
-from nmo_sandbox.errors import ComponentError, MissingBinariesError
+from nmo_sandbox.errors import ComponentError, MissingBinariesError, SandboxError
 from nmo_sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, spawn
 
 __all__ = [
@@ -188,7 +189,9 @@ class Prometheus:
             self.stop()
             if "address already in use" not in self.log(10) or attempt == 2:
                 break
-        raise ComponentError(f"Prometheus did not become ready on {self.url}:\n{self.log()}")
+        raise ComponentError(
+            "prometheus", f"Prometheus did not become ready on {self.url}", self.log()
+        )
 
     async def _ready(self, groups: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -220,12 +223,41 @@ class Prometheus:
             resp = await http.get(f"/api/v1/{path}", params=params)
         body = resp.json()
         if resp.status_code != 200 or body.get("status") != "success":
-            raise ComponentError(f"Prometheus /api/v1/{path} answered {resp.status_code}: {body}")
+            raise SandboxError(f"Prometheus /api/v1/{path} answered {resp.status_code}: {body}")
         return body["data"]
 
     async def alerts(self) -> list[dict[str, Any]]:
         """The active alerts (pending and firing): ``labels``, ``annotations``, ``state``..."""
         return list((await self.api("alerts"))["alerts"])
+
+    async def wait_for_alerts(
+        self,
+        alertname: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        state: str = "firing",
+        present: bool = True,
+        timeout: float = 60.0,
+    ) -> list[dict[str, Any]]:
+        """Poll ``/api/v1/alerts`` until ``alertname`` (with ``labels``) is in ``state``.
+
+        With ``present=False``, until no such alert is active in any state
+        (it resolved); returns the matching alerts (``[]`` then). Raises
+        :class:`SandboxError` with the last answer after ``timeout`` seconds.
+        """
+        want = {"alertname": alertname, **(labels or {})}
+        deadline = time.monotonic() + timeout
+        while True:
+            active = [a for a in await self.alerts() if want.items() <= a["labels"].items()]
+            found = [a for a in active if a["state"] == state]
+            if present and found:
+                return found
+            if not present and not active:
+                return []
+            if time.monotonic() > deadline:
+                what = state if present else "resolved"
+                raise SandboxError(f"no {what} alert {want} after {timeout:g}s; active: {active}")
+            await asyncio.sleep(0.2)
 
     async def query(self, expr: str) -> list[dict[str, Any]]:
         """An instant query's result vector (each ``metric`` and ``value``)."""
@@ -279,7 +311,7 @@ def chart_rules(values: Sequence[str] = (), *, helm: Path | None = None) -> dict
         check=False,
     )
     if res.returncode != 0:
-        raise ComponentError(f"helm template failed: {res.stderr.strip()}")
+        raise SandboxError(f"helm template failed: {res.stderr.strip()}")
     (rule,) = [d for d in yaml.safe_load_all(res.stdout) if d and d.get("kind") == "PrometheusRule"]
     return {"groups": rule["spec"]["groups"]}
 
