@@ -284,6 +284,32 @@ async def test_delete_at_the_deadline_warns_that_nmo_may_not_delete_pods(
         await kube.delete(f"{NM}/{name}")
 
 
+async def test_a_volume_detach_wait_without_a_deadline_is_refused_clearly(
+    sandbox: Sandbox, webhook: Webhook, node_factory: NodeFactory
+) -> None:
+    """spec.drain.waitForVolumeDetach.timeoutSeconds: 1 s to a day; 0 would wait
+    forever (the schema lets it through, the webhook says why not)."""
+    (node,) = await node_factory(1)
+
+    def asking(timeout: int) -> Json:
+        wait = {"waitForVolumeDetach": {"enabled": True, "timeoutSeconds": timeout}}
+        return nm(unique("volumes"), node) | {"spec": {"nodeName": node, "drain": wait}}
+
+    for bad in (0, 86401):
+        dry = await sandbox.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(asking(bad))
+        )
+        assert dry.returncode != 0
+        assert (
+            DENIED + "spec.drain.waitForVolumeDetach.timeoutSeconds must be between 1 and "
+            f"86400 seconds (got {bad}): nmo never waits for volumes without a deadline"
+        ) in dry.stderr, dry.stderr
+    good = await sandbox.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(asking(600))
+    )
+    assert good.returncode == 0, good.stderr
+
+
 async def test_fifty_concurrent_creates_admit_exactly_one(
     kube: httpx.AsyncClient, webhook: Webhook, node_factory: NodeFactory
 ) -> None:

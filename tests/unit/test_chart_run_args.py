@@ -45,6 +45,23 @@ def test_critical_pods_last_is_off_unless_the_chart_turns_it_on(helm_env: dict[s
     assert build_parser().parse_args(["run"]).critical_pods_last is False
 
 
+def test_volume_detach_wait_is_off_unless_the_chart_turns_it_on(helm_env: dict[str, str]) -> None:
+    """The Go NMO succeeds when the last pod left; drain.waitForVolumeDetach opts in."""
+    plan = _settings(manager_args(render(helm_env))).engine.plan
+    assert (plan.volume_detach, plan.volume_detach_timeout) == (False, 360)
+    docs = render(
+        helm_env,
+        "--set", "drain.waitForVolumeDetach=true",
+        "--set", "drain.volumeDetachTimeoutSeconds=900",
+    )  # fmt: skip
+    plan = _settings(manager_args(docs)).engine.plan
+    assert (plan.volume_detach, plan.volume_detach_timeout) == (True, 900)
+    defaults = build_parser().parse_args(["run"])
+    assert (defaults.wait_for_volume_detach, defaults.volume_detach_timeout) == (False, 360)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--volume-detach-timeout=0"])
+
+
 def test_pod_drain_rules_are_off_unless_the_chart_allows_namespaces(
     helm_env: dict[str, str],
 ) -> None:

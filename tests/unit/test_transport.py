@@ -376,6 +376,33 @@ async def test_a_new_tls_connection_resumes_the_last_session(
         assert [a.text for a in answers] == ["/hold"] * 4
         assert transport.connections_opened == server.connections == 4
         assert transport.sessions_resumed == 3  # the three opened for the burst
+        assert transport.sessions_taken == 1  # a resumed session is not copied again
+
+
+async def test_a_kept_session_resumes_many_connections_and_is_renewed_when_old(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server_ctx, client_ctx = tls
+    transport = Transport(ssl_context=client_ctx, max_connections=16, max_keepalive=16)
+    async with (
+        Server(server_ctx) as server,
+        httpx.AsyncClient(base_url=server.url, transport=transport) as http,
+    ):
+        server.release.set()
+
+        async def burst(n: int) -> None:
+            answers = await asyncio.gather(*(http.get("/hold") for _ in range(n)))
+            assert [a.text for a in answers] == ["/hold"] * n
+
+        assert (await http.get("/echo")).text == "/echo"  # full handshake, session taken
+        await burst(4)
+        await burst(8)  # 7 new connections in all, every one on that first session
+        assert (transport.connections_opened, transport.sessions_resumed) == (8, 7)
+        assert transport.sessions_taken == 1
+        monkeypatch.setattr("nmo.kube.transport.SESSION_MAX_AGE", 0.0)
+        await burst(10)  # two more, resumed, and their (newer) sessions taken
+        assert (transport.connections_opened, transport.sessions_resumed) == (10, 9)
+        assert transport.sessions_taken == 3
 
 
 async def test_a_waiter_cancelled_after_its_wake_up_passes_it_on() -> None:

@@ -358,3 +358,22 @@ def test_malformed_selectors_are_refused_clearly(selector: Obj, message: str) ->
     obj["spec"]["drain"] = {"podSelector": selector}
     decision = validate_update(nm("n1"), obj)
     assert (decision.allowed, decision.message) == (False, message)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "allowed"), [(0, False), (86401, False), (-1, False), (60, True), (None, True)]
+)
+async def test_volume_detach_timeout_is_checked_on_create_and_update(
+    timeout: int | None, allowed: bool
+) -> None:
+    obj = nm("n1")
+    obj["spec"]["drain"] = {"waitForVolumeDetach": {"enabled": True, "timeoutSeconds": timeout}}
+    created = await validate_create(obj, FakeLookups(nodes={"n1": node("n1")}), claimant="u")
+    updated = validate_update(nm("n1"), obj)
+    assert (created.allowed, updated.allowed) == (allowed, allowed)
+    if not allowed:
+        assert created.message == updated.message
+        assert created.message.startswith(
+            "spec.drain.waitForVolumeDetach.timeoutSeconds must be between 1 and 86400 "
+            f"seconds (got {timeout}): nmo never waits for volumes without a deadline"
+        ), created.message

@@ -84,6 +84,12 @@ MAX_LAST_ERROR_PODS: Final = 10  # pods named in that lastError (pendingPods has
 # The status condition nmo maintains (Kubernetes condition type).
 CONDITION_DRAINED: Final = "Drained"
 CONDITION_QUEUED: Final = "Queued"  # held back by the fleet budget or the window
+# Volume-safe completion (issue 23, opt-in): after the last pod left, the
+# maintenance waits for the VolumeAttachments of the drained pods' volumes.
+CONDITION_VOLUMES_DETACHED: Final = "VolumesDetached"
+EVENT_VOLUME_DETACH_TIMED_OUT: Final = "VolumeDetachTimedOut"
+VOLUME_DETACH_TIMEOUT_DEFAULT: Final = 360  # seconds: the attach/detach controller's force-detach
+VOLUME_DETACH_TIMEOUT_MAX: Final = 86400  # one day
 
 # Install names the troubleshooting guide uses.
 OPERATOR_NAMESPACE: Final = "node-maintenance-operator-system"

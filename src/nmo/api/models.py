@@ -64,6 +64,26 @@ class LabelSelector(_Model):
     )
 
 
+class VolumeDetachSpec(_Model):
+    """Wait for the drained pods' volumes to detach before Succeeded (nmo addition)."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Wait (true) or not (false) for the VolumeAttachments of the drained "
+        "pods' volumes to go from the node before the maintenance succeeds "
+        "(default: the operator's --wait-for-volume-detach).",
+    )
+    timeout_seconds: int | None = Field(
+        default=None,
+        alias="timeoutSeconds",
+        ge=0,
+        description="How long to wait, in seconds from the end of the drain (1 to 86400; "
+        "default: the operator's --volume-detach-timeout). At the end the maintenance "
+        "reports it (VolumesDetached reason TimedOut, event VolumeDetachTimedOut) and "
+        "succeeds.",
+    )
+
+
 class DrainSpec(_Model):
     """How the node is drained (nmo addition; every field optional)."""
 
@@ -85,6 +105,12 @@ class DrainSpec(_Model):
         default=None,
         alias="podSelector",
         description="Only pods matching this selector are evicted; the others are left alone.",
+    )
+    wait_for_volume_detach: VolumeDetachSpec | None = Field(
+        default=None,
+        alias="waitForVolumeDetach",
+        description="After the last pod left, wait until the node has no VolumeAttachment "
+        "of a drained pod's volume (opt-in).",
     )
 
 

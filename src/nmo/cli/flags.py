@@ -35,6 +35,23 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
+def _env_bool(name: str) -> bool:
+    return (os.environ.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _volume_timeout(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if not 1 <= value <= c.VOLUME_DETACH_TIMEOUT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: must be 1 to {c.VOLUME_DETACH_TIMEOUT_MAX} seconds (no wait without "
+            "a deadline)"
+        )
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -138,6 +155,24 @@ def add_run_parser(sub: Subparsers) -> None:
         help="within one drain order, evict pods of the system-cluster-critical and "
         "system-node-critical priority classes after the others (default: off, every "
         "pod at once, as the Go NMO)",
+    )
+    eng.add_argument(
+        "--wait-for-volume-detach",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("NMO_WAIT_FOR_VOLUME_DETACH"),
+        help="after the last pod left, keep the maintenance Running until no "
+        "VolumeAttachment of a drained pod's volume is left on the node (condition "
+        "VolumesDetached), as Cluster API and Karpenter do; a NodeMaintenance's "
+        "spec.drain.waitForVolumeDetach.enabled overrides it (default: off, as the Go NMO)",
+    )
+    eng.add_argument(
+        "--volume-detach-timeout",
+        type=_volume_timeout,
+        default=_env_int("NMO_VOLUME_DETACH_TIMEOUT", c.VOLUME_DETACH_TIMEOUT_DEFAULT),
+        metavar="SECONDS",
+        help="how long a maintenance waits for volumes to detach, 1 to 86400 (default "
+        f"{c.VOLUME_DETACH_TIMEOUT_DEFAULT}); at the end it reports (event "
+        "VolumeDetachTimedOut) and succeeds",
     )
     eng.add_argument(
         "--pod-drain-rules-namespaces",

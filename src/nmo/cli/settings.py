@@ -211,6 +211,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             pod_rules_namespaces=args.pod_drain_rules_namespaces,
             max_drain_seconds=max(0, args.max_drain_seconds),
             max_drain_action=OnTimeout(args.max_drain_action),
+            volume_detach=args.wait_for_volume_detach,
+            volume_detach_timeout=args.volume_detach_timeout,
         ),
     )
     if args.identity:

@@ -44,6 +44,7 @@ from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.reconciler import NM_PATH, Ports, Reconciler
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
+from nmo.controller.volumereader import VolumeReader
 from nmo.core.maintenance.admission import BudgetSettings, unavailable
 from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainplan import blocked_since
@@ -191,6 +192,7 @@ class Engine:
                 wake_queued=self._wake_queued,
                 notifier=self.notifier,
                 quorum=QuorumGuard(kube),
+                volumes=VolumeReader(kube),
                 alerts=None if self.alerts is None else self.alerts.seen,
             ),
             settings=replace(

@@ -29,7 +29,7 @@ from typing import Any
 
 from nmo.api.models import NodeMaintenance
 from nmo.core.maintenance.drainstate import PodDrainState
-from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts
+from nmo.core.maintenance.observed import LeaseFailure, QuorumFacts, VolumeFacts
 from nmo.kube.informer import Informer
 
 log = logging.getLogger("nmo.memory")
@@ -64,6 +64,7 @@ class Fetched:
     node_changed: bool = False  # a patch found it changed: read it live, not from the cache
     confirmed: bool | None = None  # a live read of the CR: True exists, False gone
     quorum: QuorumFacts | None = None  # the etcd-quorum facts for its node
+    volumes: VolumeFacts | None = None  # the node's VolumeAttachments (volume-safe completion)
 
 
 @dataclass

@@ -48,6 +48,7 @@ from nmo.controller.notifier import Notifier
 from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
+from nmo.controller.volumereader import VolumeReader
 from nmo.core.maintenance import admission, planner, podselect, policy, transitions
 from nmo.core.maintenance.gates import AlertsSeen
 from nmo.core.maintenance.observed import (
@@ -72,7 +73,7 @@ from nmo.telemetry.metrics import Metrics
 
 # How long a leave waits for a renewal PUT in flight before releasing the lease.
 RENEWAL_SETTLE_SECONDS = 10.0
-# Rounds of one reconcile while plans read (node, owners, ledger, quorum, the CR).
+# Rounds of one reconcile while plans read (node, owners, ledger, quorum, the CR, volumes).
 MAX_ROUNDS = 8
 # When the rounds ran out (a node that keeps changing): the queue's next look.
 STILL_READING = 0.1
@@ -108,6 +109,7 @@ class Ports:
     wake_queued: Callable[[], None] = field(default=_no_wake)  # a ledger write moved the queue
     notifier: Notifier | None = None
     quorum: QuorumGuard | None = None  # reads the etcd-quorum facts for queued nodes
+    volumes: VolumeReader | None = None  # reads a drained node's VolumeAttachments
     alerts: Callable[[], AlertsSeen] | None = None  # the alert gate's last answer
 
 
@@ -244,6 +246,7 @@ class Reconciler:
             ledger=ledger,
             fleet=fleet,
             quorum=fetched.quorum,
+            volumes=fetched.volumes,
             alerts=None if ports.alerts is None else ports.alerts(),
         )
 
@@ -302,6 +305,10 @@ class Reconciler:
                 if ports.quorum is None:
                     raise RuntimeError("a plan read the etcd-quorum facts, and nmo reads none")
                 record.fetched.quorum = await ports.quorum.read()
+            elif read.kind is ReadKind.VOLUMES:
+                if ports.volumes is None:
+                    raise RuntimeError("a plan read the node's volumes, and nmo reads none")
+                record.fetched.volumes = await ports.volumes.read(read.name)
 
     async def _daemonset_exists(self, owner: str, record: Memory) -> bool:
         ns, name = owner.split("/", 1)
@@ -452,6 +459,9 @@ class Reconciler:
             log.log(level, "%s", note, extra=_ctx(nm))
         if plan.drain_seconds is not None:
             ports.metrics.drain_duration.observe(plan.drain_seconds)
+        if plan.volume_wait is not None:
+            outcome, seconds = plan.volume_wait
+            ports.metrics.volume_detach_wait.labels(outcome=outcome).observe(seconds)
         await self._emit(raw, obs, plan, Step.END)
         for emit in forced:
             await ports.recorder.emit(raw, emit.event, warning=emit.warning)

@@ -115,7 +115,8 @@ def node(obj: Obj) -> Obj:
 def pod(obj: Obj) -> Obj:
     """Pod: what the drain reads (identity, deletion, controller, mirror
     annotation and nmo's own annotations, labels, emptyDir volumes, node,
-    priority, grace period, phase and Ready condition)."""
+    priority, grace period, phase and Ready condition), and the claims its
+    volumes name (volume-safe completion: a pod that stays keeps them)."""
     meta = obj.get("metadata") or {}
     slim_meta = _pick(
         meta,
@@ -145,11 +146,7 @@ def pod(obj: Obj) -> Obj:
         slim_meta["ownerReferences"] = owners
     spec = obj.get("spec") or {}
     slim_spec = _pick(spec, ("nodeName", "priorityClassName", "terminationGracePeriodSeconds"))
-    volumes = [
-        {"name": v.get("name"), "emptyDir": {}}
-        for v in spec.get("volumes") or []
-        if "emptyDir" in v
-    ]
+    volumes = [_pod_volume(v) for v in spec.get("volumes") or () if _VOLUME_KINDS & v.keys()]
     if volumes:
         slim_spec["volumes"] = volumes
     status = obj.get("status") or {}
@@ -162,6 +159,50 @@ def pod(obj: Obj) -> Obj:
     if ready:
         slim_status["conditions"] = ready
     return {"metadata": slim_meta, "spec": slim_spec, "status": slim_status}
+
+
+_VOLUME_KINDS = frozenset({"emptyDir", "persistentVolumeClaim", "ephemeral"})
+
+
+def _pod_volume(vol: Obj) -> Obj:
+    """A pod's volume as nmo reads it: its name and kind (a claim: its name)."""
+    out: Obj = {"name": vol.get("name")}
+    if "emptyDir" in vol:
+        out["emptyDir"] = {}
+    claim = vol.get("persistentVolumeClaim")
+    if isinstance(claim, dict) and claim.get("claimName"):
+        out["persistentVolumeClaim"] = {"claimName": claim["claimName"]}
+    if "ephemeral" in vol:
+        out["ephemeral"] = {}
+    return out
+
+
+def volume_attachment(obj: Obj) -> Obj:
+    """VolumeAttachment: name, deletion, node, and the volume it attaches
+    (a PV's name, or an inline volume's access modes and handle)."""
+    spec = obj.get("spec") or {}
+    source = spec.get("source") or {}
+    slim_source = _pick(source, ("persistentVolumeName",))
+    inline = source.get("inlineVolumeSpec")
+    if isinstance(inline, dict):
+        slim_source["inlineVolumeSpec"] = {
+            "accessModes": inline.get("accessModes") or [],
+            "csi": _pick(inline.get("csi"), ("driver", "volumeHandle")),
+        }
+    return {
+        "metadata": _meta(obj, ("name", "deletionTimestamp")),
+        "spec": {**_pick(spec, ("nodeName", "attacher")), "source": slim_source},
+    }
+
+
+def persistent_volume(obj: Obj) -> Obj:
+    """PersistentVolume: name, access modes and the claim it is bound to."""
+    spec = obj.get("spec") or {}
+    slim_spec = _pick(spec, ("accessModes",))
+    ref = spec.get("claimRef")
+    if isinstance(ref, dict):
+        slim_spec["claimRef"] = _pick(ref, ("namespace", "name"))
+    return {"metadata": _meta(obj, ("name",)), "spec": slim_spec}
 
 
 def pdb(obj: Obj) -> Obj:

@@ -41,6 +41,9 @@ import httpx
 
 Origin = tuple[str, str, int]  # scheme, host, port
 READ_SIZE = 64 * 1024
+# A resumed connection's session is taken again after this long (a Go API
+# server's ticket keys rotate daily and live a week).
+SESSION_MAX_AGE = 3600.0
 # The reason phrase of a status line, as httpx expects it in the extensions.
 _HTTP11 = b"HTTP/1.1"
 
@@ -360,12 +363,14 @@ class Transport(httpx.AsyncBaseTransport):
         self._idle_count = 0
         self._open = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        # The last TLS session per (origin, server name): a new connection resumes
-        # it (no certificate exchange, no signature) instead of a full handshake.
-        self._sessions: dict[tuple[Origin, str], ssl.SSLSession] = {}
+        # A TLS session per (origin, server name) and when it was taken: a new
+        # connection resumes it (no certificate exchange, no signature) instead
+        # of a full handshake.
+        self._sessions: dict[tuple[Origin, str], tuple[ssl.SSLSession, float]] = {}
         self._closed = False
         self.connections_opened = 0  # for tests and the benchmarks
         self.sessions_resumed = 0
+        self.sessions_taken = 0
 
     @property
     def open_connections(self) -> int:
@@ -470,7 +475,8 @@ class Transport(httpx.AsyncBaseTransport):
         wire: _Wire | None = None
         try:
             async with asyncio.timeout(timeout):
-                session = self._sessions.get((origin, sni)) if tls is not None else None
+                kept = self._sessions.get((origin, sni)) if tls is not None else None
+                session = None if kept is None else kept[0]
                 _, wire = await loop.create_connection(lambda: _Wire(tls, sni, session), host, port)
                 await wire.ready
         except TimeoutError as exc:
@@ -502,15 +508,28 @@ class Transport(httpx.AsyncBaseTransport):
             self._discard(conn)
             return
         state.start_next_cycle()
+        now = time.monotonic()
         if conn.fresh:  # its first response: the server's ticket has come with it
-            conn.fresh = False  # (asking OpenSSL for the session costs as much as a request)
-            session = conn.wire.session
-            if session is not None:
-                self._sessions[(conn.origin, conn.sni)] = session
-        conn.idle_since = time.monotonic()
+            conn.fresh = False
+            self._keep_session(conn, now)
+        conn.idle_since = now
         self._idle.setdefault(conn.origin, deque()).append(conn)
         self._idle_count += 1
         self._wake()
+
+    def _keep_session(self, conn: _Connection, now: float) -> None:
+        """Keep ``conn``'s TLS session for the next connections, unless it resumed
+        one that is still young: asking OpenSSL for a session copies it (its
+        certificates serialized and parsed again), which costs as much as a
+        request, and a Go API server takes a ticket more than once."""
+        key = (conn.origin, conn.sni)
+        kept = self._sessions.get(key)
+        if kept is not None and conn.wire.resumed and now - kept[1] < SESSION_MAX_AGE:
+            return
+        session = conn.wire.session
+        self.sessions_taken += 1
+        if session is not None:
+            self._sessions[key] = (session, now)
 
     def _discard(self, conn: _Connection) -> None:
         self._drop(conn)

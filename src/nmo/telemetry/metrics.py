@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 
 _DRAIN_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 _FAST_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# Volume detach waits: seconds (a CSI detach) to past the 6 min force-detach.
+_VOLUME_BUCKETS = (1, 5, 10, 30, 60, 120, 240, 360, 600, 1200)
 # controller-runtime's reconcile_time_seconds buckets.
 _RECONCILE_BUCKETS = (
     *(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5),
@@ -61,6 +63,15 @@ class Metrics:
             "nmo_drain_duration_seconds",
             "Time from the start of a maintenance to Succeeded.",
             buckets=_DRAIN_BUCKETS,
+            registry=r,
+        )
+        self.volume_detach_wait = Histogram(
+            "nmo_volume_detach_wait_seconds",
+            "Time a maintenance waited, after its last pod left, for the VolumeAttachments "
+            "of the drained pods' volumes to go (--wait-for-volume-detach), by outcome "
+            "(detached, timed_out, turned_off).",
+            ["outcome"],
+            buckets=_VOLUME_BUCKETS,
             registry=r,
         )
         self.evictions = Counter(

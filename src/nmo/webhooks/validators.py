@@ -50,6 +50,7 @@ from nmo.core.maintenance.quorum import (
     is_control_plane,
 )
 from nmo.core.maintenance.selectors import selector_error
+from nmo.core.maintenance.volumes import timeout_error
 from nmo.kube.access import POD_DELETION_VALUE
 
 log = logging.getLogger("nmo.webhooks")
@@ -220,12 +221,16 @@ def drain_spec_error(obj: Obj) -> str | None:
 
     The schema checks types, the onTimeout values and timeoutSeconds >= 0;
     a label selector's requirements also need values exactly when their
-    operator compares against values (metav1.LabelSelector's rule).
+    operator compares against values (metav1.LabelSelector's rule), and the
+    volume detach wait needs a deadline of 1 s to a day.
     """
     spec = obj.get("spec")
     drain = spec.get("drain") if isinstance(spec, dict) else None
     if not isinstance(drain, dict):
         return None  # a malformed spec is the CRD schema's to refuse
+    volumes = drain.get("waitForVolumeDetach")
+    if isinstance(volumes, dict) and (problem := timeout_error(volumes.get("timeoutSeconds"))):
+        return problem
     return selector_error(drain.get("podSelector"), "spec.drain.podSelector")
 
 

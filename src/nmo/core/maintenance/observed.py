@@ -38,6 +38,7 @@ class ReadKind(enum.Enum):
     MAINTENANCE = "maintenance"  # the CR, live, before a lease it does not hold is taken
     LEDGER = "ledger"  # the fleet ledger (and whether its entries' CRs still exist)
     QUORUM = "quorum"  # the etcd-quorum facts, for a queued control-plane node
+    VOLUMES = "volumes"  # the node's VolumeAttachments and their PVs (drain at its end)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,17 @@ class QuorumFacts:
     pdbs: tuple[Obj, ...] = ()  # the PodDisruptionBudgets of openshift-etcd
     pods: tuple[Obj, ...] = ()  # its pods, when the one PDB allows no disruption
     error: str | None = None  # the read failed: the maintenance waits
+
+
+@dataclass(frozen=True)
+class VolumeFacts:
+    """What volume-safe completion decides on (:mod:`nmo.core.maintenance.volumes`),
+    read by the executor when a drain that waits for volumes reached its end."""
+
+    attachments: tuple[Obj, ...] = ()  # the VolumeAttachments whose spec.nodeName is the node
+    # PV name -> the PersistentVolume (None: not found)
+    volumes: Mapping[str, Obj | None] = field(default_factory=dict)
+    error: str | None = None  # the read failed: nothing above is known
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,7 @@ class Observed:
     ledger: Ledger | None = None  # the fleet ledger (None: no budget, or not read yet)
     fleet: Fleet | None = None  # the fleet as the budget sees it (a CR awaiting its start)
     quorum: QuorumFacts | None = None  # read for a queued control-plane node about to start
+    volumes: VolumeFacts | None = None  # read when a drain that waits for volumes ends
     alerts: AlertsSeen | None = None  # the alert gate's last answer (None: no gate)
 
 
@@ -195,6 +208,7 @@ class Plan:
     notes: tuple[str, ...] = ()  # log lines (the guide greps some: keep their wording)
     drain_seconds: float | None = None  # the drain just finished after this long
     drain_pending: int | None = None  # pods still pending (for the log)
+    volume_wait: tuple[str, float] | None = None  # a volume wait ended: (outcome, seconds)
     # For the notifier, each once its step is done (a begin notification goes
     # with the finalizer, as its event does).
     notifications: tuple[tuple[Step, Notification], ...] = ()

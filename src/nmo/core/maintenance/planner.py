@@ -47,7 +47,15 @@ from nmo.api.models import (
     Phase,
     PodReference,
 )
-from nmo.core.maintenance import admission, drainplan, nodepatch, podselect, queueing, transitions
+from nmo.core.maintenance import (
+    admission,
+    drainplan,
+    nodepatch,
+    podselect,
+    queueing,
+    transitions,
+    volumes,
+)
 from nmo.core.maintenance.notifications import for_pass
 from nmo.core.maintenance.observed import (
     DONE,
@@ -368,6 +376,11 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
     if plan_.timed_out and deadline.action is OnTimeout.ABORT:
         return _abort(obs, base, st, cond.message, meta)
     if not report.pending:
+        # Opt-in (issue 23): the drained pods' volumes detach first.
+        gate = volumes.gate(obs, st, replace(base, notes=tuple(notes)), settings)
+        if gate.wait is not None:
+            return gate.wait
+        st = gate.status
         new = transitions.succeeded(st, now)
         finished = st.phase is not Phase.SUCCEEDED
         created = nm.metadata.creation_timestamp
@@ -375,14 +388,21 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             base,
             status=status_write(obs, new, settings),
             drop=tuple(obs.drain),
-            events=(*base.events, Emit(c.EVENT_SUCCEEDED)) if finished else base.events,
+            events=(
+                (*base.events, *gate.events, Emit(c.EVENT_SUCCEEDED)) if finished else base.events
+            ),
             notes=(
-                (*notes, f"maintenance {nm.metadata.name}: drain of node {node_name} complete")
+                (
+                    *notes,
+                    *gate.notes,
+                    f"maintenance {nm.metadata.name}: drain of node {node_name} complete",
+                )
                 if finished
                 else tuple(notes)
             ),
             drain_seconds=(now - created).total_seconds() if finished and created else None,
             drain_pending=0,
+            volume_wait=gate.waited,
         )
     new = transitions.draining(
         st,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nmo.api import constants as c
 from nmo.api.models import NodeMaintenanceStatus, OnTimeout, Phase
 from nmo.core.maintenance import admission, transitions
 from nmo.core.maintenance.observed import Observed, Plan, Read, Result, Work
@@ -41,6 +42,12 @@ class PlanSettings:
     # --max-parallel-maintenances, --max-unavailable, the window: the fleet budget
     # (disabled by default, as the Go NMO has none).
     budget: admission.BudgetSettings = field(default_factory=admission.BudgetSettings)
+    # --wait-for-volume-detach / --volume-detach-timeout: after the drain, wait for
+    # the drained pods' VolumeAttachments to go (off: as the Go NMO); looked at
+    # again every volume_poll seconds while waiting.
+    volume_detach: bool = False
+    volume_detach_timeout: int = c.VOLUME_DETACH_TIMEOUT_DEFAULT
+    volume_poll: float = 5.0
     # --notify-url: the operator's identity in the notifications (None: none are made).
     notify_operator: str | None = None
 
