@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SANDBOX_BIN := hack/sandbox-bin.sh
 CERT_MANAGER_BIN := hack/cert-manager-bin.sh
+PROMETHEUS_BIN := hack/prometheus-bin.sh
 BUNDLE_VALIDATE := hack/bundle-validate.sh
 GO_NMO_BIN := hack/go-nmo-bin.sh
 # make bundle: where the OLM bundle goes, and the operator image its CSV runs.
@@ -16,7 +17,7 @@ IMAGE ?=
 # python:3.11-slim, or a Debian-built one where that cannot be pulled).
 BASE_IMAGE ?=
 
-.PHONY: all venv sandbox-bin cert-manager-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle go-e2e-bin go-nmo-bin
+.PHONY: all venv sandbox-bin cert-manager-bin prometheus-bin host-deps image lint lint-containerfile typecheck layers unit integration test demo bench bench-scale bench-webhook clean lock-image pin-base-image bundle-validator bundle go-e2e-bin go-nmo-bin
 
 all: test
 
@@ -46,6 +47,13 @@ image: host-deps
 # built from its Go module into ~/.cache/nmo/cert-manager/<version>/bin (README).
 cert-manager-bin:
 	$(CERT_MANAGER_BIN)
+
+# The Prometheus server and promtool that prove the chart's alert rules
+# (tests/prometheus/, tests/integration/test_alerts.py), built from the Go
+# module github.com/prometheus/prometheus into
+# ~/.cache/nmo/prometheus/<version>/bin (README).
+prometheus-bin:
+	$(PROMETHEUS_BIN)
 
 # The operator-framework bundle validator, built from its Go modules into
 # ~/.cache/nmo/build (first build: 330 CPU-seconds with empty Go caches; README).
@@ -94,14 +102,14 @@ layers: $(STAMP)
 unit: $(STAMP) bundle-validator
 	$(BIN)/pytest tests/unit -q
 
-integration: $(STAMP) sandbox-bin cert-manager-bin go-e2e-bin image
+integration: $(STAMP) sandbox-bin cert-manager-bin prometheus-bin go-e2e-bin image
 	$(BIN)/pytest tests/integration tests/e2e -q
 
 # Two phases: every test not marked `solo` on TEST_WORKERS (3) pytest-xdist
 # workers (one sandbox each, whole files per worker), then the `solo` tests
 # (they bound wall-clock time or load) alone. Together they run every test.
 TEST_WORKERS ?= 3
-test: $(STAMP) sandbox-bin cert-manager-bin bundle-validator go-e2e-bin image lint typecheck layers
+test: $(STAMP) sandbox-bin cert-manager-bin prometheus-bin bundle-validator go-e2e-bin image lint typecheck layers
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not solo"
 	$(BIN)/pytest -q -p no:cacheprovider -m solo tests/integration tests/e2e
 

@@ -142,7 +142,7 @@ for c in "${commands[@]}"; do
         demo) walk demo demo || failed=1 ;;
         # make test split at its prerequisites, so the summary shows where the
         # time goes; the sum is one cold make test.
-        test) walk test venv sandbox-bin cert-manager-bin bundle-validator go-e2e-bin image test || failed=1 ;;
+        test) walk test venv sandbox-bin cert-manager-bin prometheus-bin bundle-validator go-e2e-bin image test || failed=1 ;;
     esac
 done
 if $clean; then

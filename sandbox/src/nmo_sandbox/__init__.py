@@ -13,6 +13,9 @@ Public surface (everything else in this package is an implementation detail)::
 
 The binaries come from ``make sandbox-bin`` (see :mod:`nmo_sandbox.binaries`),
 cert-manager's from ``make cert-manager-bin`` (:mod:`nmo_sandbox.certmanager`).
+A Prometheus server beside it (``running_prometheus``, with rule files and
+scrape configs) and the chart's alert rules are :mod:`nmo_sandbox.prometheus`'s
+(``make prometheus-bin``).
 This package never imports kr8s: it is the cluster nmo is tested against, not
 a client of nmo's boundary.
 """

@@ -239,6 +239,50 @@ def add_run_parser(sub: Subparsers) -> None:
         default=None,
         help="namespace of the budget ledger Lease (default: the leader election namespace)",
     )
+    fleet.add_argument(
+        "--fleet-soak-seconds",
+        type=int,
+        default=_env_int("NMO_FLEET_SOAK_SECONDS", 0),
+        metavar="SECONDS",
+        help="after a node returns from a maintenance (its CR deleted or failed), the next "
+        "queued maintenance starts this much later at the earliest (0: no soak)",
+    )
+    gate = run.add_argument_group("alert gate (kured-style, off by default)")
+    gate.add_argument(
+        "--blocking-prometheus-url",
+        default=os.environ.get("NMO_BLOCKING_PROMETHEUS_URL", ""),
+        metavar="URL",
+        help="Prometheus to ask for firing alerts (GET URL/api/v1/alerts); while one "
+        "matching --blocking-alerts fires, or Prometheus does not answer, no new "
+        "maintenance starts (empty: no gate)",
+    )
+    gate.add_argument(
+        "--blocking-alerts",
+        default=os.environ.get("NMO_BLOCKING_ALERTS", ""),
+        metavar="REGEX",
+        help="alert names that block (a regular expression, searched unanchored as kured's; "
+        "'.*' blocks on every alert); needed with --blocking-prometheus-url",
+    )
+    gate.add_argument(
+        "--blocking-prometheus-token-file",
+        default=os.environ.get("NMO_BLOCKING_PROMETHEUS_TOKEN_FILE") or None,
+        metavar="PATH",
+        help="bearer token sent to Prometheus, read afresh for each query "
+        "(e.g. /var/run/secrets/kubernetes.io/serviceaccount/token)",
+    )
+    gate.add_argument(
+        "--blocking-prometheus-ca-file",
+        default=os.environ.get("NMO_BLOCKING_PROMETHEUS_CA_FILE") or None,
+        metavar="PATH",
+        help="CA bundle to verify Prometheus's certificate (default: the system's)",
+    )
+    gate.add_argument(
+        "--blocking-prometheus-interval",
+        type=float,
+        default=float(os.environ.get("NMO_BLOCKING_PROMETHEUS_INTERVAL") or 30.0),
+        metavar="SECONDS",
+        help="how often Prometheus is asked; the answer is cached in between",
+    )
     note = run.add_argument_group("notifications")
     note.add_argument(
         "--notify-url",

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from nmo.api.models import OnTimeout
 from nmo.cli import goflags
 from nmo.cli.defaults import leader_election_namespace, shutdown_delay, webhook_cert_dir
+from nmo.controller.alertgate import AlertGateSettings
 from nmo.controller.engine import EngineSettings
 from nmo.controller.notifier import NotifySettings, check_url, shown
 from nmo.core.maintenance.admission import BudgetSettings, parse_max_unavailable, parse_window
@@ -58,10 +60,53 @@ def budget_settings(args: argparse.Namespace) -> BudgetSettings:
         window = parse_window(
             args.window_days, args.window_start, args.window_end, args.window_timezone
         )
+    if args.fleet_soak_seconds < 0:
+        raise ValueError(
+            f"--fleet-soak-seconds must be 0 (no soak) or more (got {args.fleet_soak_seconds})"
+        )
+    gate = alert_gate_settings(args)
     return BudgetSettings(
         max_parallel=args.max_parallel_maintenances,
         max_unavailable=args.max_unavailable,
         window=window,
+        soak_seconds=float(args.fleet_soak_seconds),
+        blocking_url=gate.url if gate else "",
+        blocking_alerts=gate.pattern if gate else "",
+        blocking_interval=gate.interval if gate else 30.0,
+    )
+
+
+def alert_gate_settings(args: argparse.Namespace) -> AlertGateSettings | None:
+    """The alert gate from the flags (None: off); ValueError says what is wrong."""
+    if not args.blocking_prometheus_url:
+        if args.blocking_alerts:
+            raise ValueError("--blocking-alerts needs --blocking-prometheus-url")
+        return None
+    url = args.blocking_prometheus_url
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"--blocking-prometheus-url must be an http(s) URL (got {url!r})")
+    if not args.blocking_alerts:
+        raise ValueError(
+            "--blocking-prometheus-url needs --blocking-alerts: a regular expression of the "
+            "alert names that hold new maintenances ('.*' for every alert)"
+        )
+    try:
+        re.compile(args.blocking_alerts)
+    except re.error as exc:
+        pattern = args.blocking_alerts
+        raise ValueError(f"--blocking-alerts {pattern!r} is not valid: {exc}") from None
+    if args.blocking_prometheus_interval <= 0:
+        raise ValueError(
+            "--blocking-prometheus-interval must be more than 0 "
+            f"(got {args.blocking_prometheus_interval:g})"
+        )
+    return AlertGateSettings(
+        url=url,
+        pattern=args.blocking_alerts,
+        interval=args.blocking_prometheus_interval,
+        token_file=args.blocking_prometheus_token_file,
+        ca_file=args.blocking_prometheus_ca_file,
+        timeout=min(10.0, args.blocking_prometheus_interval),
     )
 
 
@@ -155,6 +200,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         leader_retry_period=args.leader_retry_period,
         budget=budget_settings(args),
         budget_namespace=args.budget_namespace,
+        alert_gate=alert_gate_settings(args),
         plan=PlanSettings(
             status_interval=args.status_interval,
             pdb_recheck=args.pdb_recheck_interval,

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nmo.api import constants as c
+from nmo.controller.alertgate import AlertGateSettings, AlertPoller
 from nmo.controller.evictor import Evictor
 from nmo.controller.leader import LeaderElector, LeaderSettings
 from nmo.controller.leaseholder import LeaseClient
@@ -48,6 +49,7 @@ from nmo.core.maintenance.admission import BudgetSettings, unavailable
 from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainplan import blocked_since
 from nmo.core.maintenance.drainstate import names_budget
+from nmo.core.maintenance.gates import soak_left
 from nmo.core.maintenance.policy import PlanSettings
 from nmo.kube import slim
 from nmo.kube.access import Access
@@ -89,6 +91,7 @@ class EngineSettings:
     budget: BudgetSettings = field(default_factory=BudgetSettings)
     budget_namespace: str | None = None  # the ledger's namespace; None: leader election's
     notify: NotifySettings | None = None  # --notify-url; None: no notifications
+    alert_gate: AlertGateSettings | None = None  # --blocking-prometheus-url; None: no gate
 
 
 def _intent(obj: Obj) -> tuple[Any, ...]:
@@ -120,6 +123,7 @@ class Engine:
         # Every request of the process's client is counted, as client-go's
         # rest client counts the Go operator's (rest_client_requests_total).
         kube.on_response = metrics.rest_request
+        metrics.on_scrape(self._scrape)
         self.maintenances = Informer(
             kube,
             NM_PATH,
@@ -161,6 +165,13 @@ class Engine:
                 maintenances=self.maintenances,
                 nodes=self.nodes,
             )
+        self.alerts: AlertPoller | None = None
+        if settings.alert_gate is not None:
+            self.alerts = AlertPoller(
+                settings.alert_gate, metrics=metrics, on_change=self._wake_queued
+            )
+        if self.budget is not None and settings.budget.soak_seconds > 0:
+            metrics.soak_remaining.set_function(self._soak_remaining)
         self.recorder = EventRecorder(kube, instance=settings.identity)
         self.notifier: Notifier | None = None
         if settings.notify is not None:
@@ -183,6 +194,7 @@ class Engine:
                 notifier=self.notifier,
                 quorum=QuorumGuard(kube),
                 volumes=VolumeReader(kube),
+                alerts=None if self.alerts is None else self.alerts.seen,
             ),
             settings=replace(
                 settings.plan,
@@ -229,6 +241,7 @@ class Engine:
                 if self.notifier is not None
                 else []
             ),
+            *([Runnable("alert-gate", self.alerts.run, leader)] if self.alerts else []),
         ]
 
     @property
@@ -272,6 +285,15 @@ class Engine:
             self.queue.add(names[0])
         for name in names[1:]:
             self.queue.add_after(name, QUEUE_REFRESH)
+
+    def _soak_remaining(self) -> float:
+        """nmo_fleet_soak_remaining_seconds, from the ledger as last read or written."""
+        if self.budget is None or not self.leading:
+            return 0.0
+        left = soak_left(
+            self.budget.returned(), self.settings.budget.soak_seconds, datetime.now(UTC)
+        )
+        return round(left, 3)
 
     def _on_node(self, _event: str, obj: Obj, old: Obj | None) -> None:
         if not self.leading:
@@ -445,6 +467,12 @@ class Engine:
                 self.metrics.reconciled(compat, elapsed)
                 self.metrics.queue_depth.set(len(self.queue))
                 self._phase_gauge()
+
+    def _scrape(self) -> None:
+        """Before a scrape: nmo_drain_blocked_seconds as of now on the leader (a
+        pass of a drain with pods pending lasts up to 30 s)."""
+        if self.leading:
+            self._phase_gauge()
 
     def _phase_gauge(self) -> None:
         counts = {"Pending": 0, "Running": 0, "Succeeded": 0, "Failed": 0}

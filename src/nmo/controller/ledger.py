@@ -18,6 +18,12 @@ leader still finishing a pass): the view is dropped and the pass ends, so
 the next one reads and decides again on what they wrote. So the budget
 holds whatever the timing, across replicas and leader changes.
 
+With ``--fleet-soak-seconds``, the write that frees a slot also records
+when that node returned, in the annotation
+``nodemaintenance.medik8s.io/last-returned`` of the same Lease (JSON: the
+maintenance, its node, the time): the soak is decided on it, so it holds
+across restarts and leader changes and after the CR is gone.
+
 A maintenance leaves the ledger when its CR is let go (deleted) or fails
 (a Failed maintenance has its node restored); an entry whose CR vanished
 without that (force-deleted while nmo was down) or failed is pruned at the
@@ -32,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nmo.api.models import NodeMaintenance, Phase
-from nmo.core.maintenance import admission
+from nmo.core.maintenance import admission, gates
 from nmo.core.maintenance.admission import Fleet
 from nmo.core.maintenance.observed import Ledger, LedgerWrite
 from nmo.kube.client import Kube, api_path, nm_path
@@ -43,6 +49,7 @@ log = logging.getLogger("nmo.budget")
 
 LEDGER_NAME = "nmo-maintenance-budget"
 ANNOTATION = "nodemaintenance.medik8s.io/admitted"
+RETURNED = "nodemaintenance.medik8s.io/last-returned"  # the soak's start (gates.Returned)
 Obj = dict[str, Any]
 
 
@@ -118,7 +125,20 @@ class FleetLedger:
             elif (cached.get("status") or {}).get("phase") == Phase.FAILED.value:
                 gone.add(name)
         version = None if self._lease is None else _version(self._lease)
-        return Ledger(entries=self._entries, gone=frozenset(gone), fresh=fresh, version=version)
+        return Ledger(
+            entries=self._entries,
+            gone=frozenset(gone),
+            fresh=fresh,
+            version=version,
+            returned=self.returned(),
+        )
+
+    def returned(self) -> gates.Returned | None:
+        """The last node back from a maintenance, as last read or written."""
+        if self._lease is None:
+            return None
+        annotations = (self._lease.get("metadata") or {}).get("annotations") or {}
+        return gates.decode_returned(annotations.get(RETURNED))
 
     def fleet(self) -> Fleet:
         """The cluster as the budget sees it: running CRs, the queue, the nodes."""
@@ -201,7 +221,7 @@ class FleetLedger:
             lease = {**template, "metadata": meta}
         entries = {k: dict(v) for k, v in change.entries.items()}
         try:
-            written = await self._put(entries, lease)
+            written = await self._put(entries, lease, change.returned)
         except Conflict:
             self._entries = self._lease = None  # decided on a stale ledger: read it again
             raise
@@ -224,8 +244,15 @@ class FleetLedger:
                 extra={"maintenance": change.released},
             )
 
-    async def _put(self, entries: Mapping[str, Mapping[str, str]], lease: Obj | None) -> Obj:
+    async def _put(
+        self,
+        entries: Mapping[str, Mapping[str, str]],
+        lease: Obj | None,
+        returned: gates.Returned | None,
+    ) -> Obj:
         annotations = {ANNOTATION: json.dumps(dict(sorted(entries.items())), sort_keys=True)}
+        if returned is not None:
+            annotations[RETURNED] = gates.encode_returned(returned)
         if lease is None:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",

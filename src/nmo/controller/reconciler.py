@@ -50,6 +50,7 @@ from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.controller.volumereader import VolumeReader
 from nmo.core.maintenance import admission, planner, podselect, policy, transitions
+from nmo.core.maintenance.gates import AlertsSeen
 from nmo.core.maintenance.observed import (
     DONE,
     Emit,
@@ -109,6 +110,7 @@ class Ports:
     notifier: Notifier | None = None
     quorum: QuorumGuard | None = None  # reads the etcd-quorum facts for queued nodes
     volumes: VolumeReader | None = None  # reads a drained node's VolumeAttachments
+    alerts: Callable[[], AlertsSeen] | None = None  # the alert gate's last answer
 
 
 class Reconciler:
@@ -245,6 +247,7 @@ class Reconciler:
             fleet=fleet,
             quorum=fetched.quorum,
             volumes=fetched.volumes,
+            alerts=None if ports.alerts is None else ports.alerts(),
         )
 
     def _pdbs(self, record: Memory) -> dict[str, Obj]:

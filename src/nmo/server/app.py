@@ -380,6 +380,7 @@ def create_metrics_app(
                 )
             except AuthRejected as exc:
                 return PlainTextResponse(exc.message + "\n", status_code=exc.status_code)
+        metrics.refresh()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

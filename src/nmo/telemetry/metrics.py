@@ -52,6 +52,7 @@ class QueueInstruments:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._refreshers: list[Callable[[], None]] = []
         r = self.registry
         self.maintenances = Gauge(
             "nmo_maintenances",
@@ -167,8 +168,41 @@ class Metrics:
         self.is_leader = Gauge(
             "nmo_leader", "1 when this replica holds the leader election lease.", registry=r
         )
+        # The fleet's gates (issue 23): what holds new maintenances back.
+        self.soak_remaining = Gauge(
+            "nmo_fleet_soak_remaining_seconds",
+            "Seconds left of the soak after the last node returned (0: no soak running).",
+            registry=r,
+        )
+        self.blocking_alerts = Gauge(
+            "nmo_fleet_blocking_alerts",
+            "Alerts matching --blocking-alerts firing at the last answer from Prometheus.",
+            registry=r,
+        )
+        self.prometheus_up = Gauge(
+            "nmo_fleet_prometheus_up",
+            "1 when the alert gate's last query to Prometheus was answered, 0 otherwise.",
+            registry=r,
+        )
+        self.prometheus_queries = Counter(
+            "nmo_fleet_prometheus_queries_total",
+            "The alert gate's queries to Prometheus, by result (answered, failed).",
+            ["result"],
+            registry=r,
+        )
         self._controller_runtime(r)
         ProcessCollector(registry=r)
+
+    def on_scrape(self, refresh: Callable[[], None]) -> None:
+        """Call ``refresh`` before every scrape: gauges of elapsed time (how
+        long a drain has been blocked) are current when read, not as old as
+        the last reconcile pass."""
+        self._refreshers.append(refresh)
+
+    def refresh(self) -> None:
+        """What a ``/metrics`` request runs before rendering the registry."""
+        for refresh in self._refreshers:
+            refresh()
 
     def _controller_runtime(self, r: CollectorRegistry) -> None:
         """controller-runtime's and client-go's series, as the Go operator serves them."""

@@ -148,10 +148,22 @@ class BudgetSettings:
     max_unavailable: str = ""  # --max-unavailable: "3" or "20%"; "": no limit
     window: Window | None = None
     recheck: float = 30.0  # a queued CR is looked at again at least this often
+    # The gates (nmo.core.maintenance.gates): --fleet-soak-seconds, and
+    # --blocking-prometheus-url with --blocking-alerts (checked every interval).
+    soak_seconds: float = 0.0
+    blocking_url: str = ""
+    blocking_alerts: str = ""
+    blocking_interval: float = 30.0
 
     @property
     def enabled(self) -> bool:
-        return bool(self.max_parallel or self.max_unavailable or self.window)
+        return bool(
+            self.max_parallel
+            or self.max_unavailable
+            or self.window
+            or self.soak_seconds > 0
+            or self.blocking_url
+        )
 
     def unavailable_cap(self, total_nodes: int) -> int | None:
         """Nodes that may be unavailable at once; a percentage rounds up (at least 1)."""

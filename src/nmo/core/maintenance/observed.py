@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from nmo.api.models import NodeMaintenance, NodeMaintenanceStatus, OnTimeout
 from nmo.core.maintenance.admission import Fleet
 from nmo.core.maintenance.drainstate import PodDrainState
+from nmo.core.maintenance.gates import AlertsSeen, Returned
 
 if TYPE_CHECKING:
     from nmo.core.maintenance.notifications import Notification
@@ -96,6 +97,7 @@ class Ledger:
     gone: frozenset[str] = frozenset()  # entries whose CR a live read found gone (or failed)
     fresh: bool = True  # every entry's CR is in the cache or was confirmed by that read
     version: str | None = None  # the Lease's resourceVersion (None: there is no Lease yet)
+    returned: Returned | None = None  # the last node back from a maintenance (the soak's)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class LedgerWrite:
     version: str | None = None  # the resourceVersion it was decided on (None: create it)
     admitted: str | None = None  # the CR this write admits (for the log)
     released: str | None = None  # the CR whose slot this write frees
+    returned: Returned | None = None  # a node is back: the soak starts (None: unchanged)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Observed:
     fleet: Fleet | None = None  # the fleet as the budget sees it (a CR awaiting its start)
     quorum: QuorumFacts | None = None  # read for a queued control-plane node about to start
     volumes: VolumeFacts | None = None  # read when a drain that waits for volumes ends
+    alerts: AlertsSeen | None = None  # the alert gate's last answer (None: no gate)
 
 
 class LeaseStep(enum.Enum):

@@ -4,8 +4,9 @@ is freed (pure; behavior.md's fleet limits, issue 16).
 :func:`admit` decides for a CR waiting to start on the ledger snapshot and
 plans its compare-and-swap write; :func:`queued` is the plan of a CR that
 waits (Pending, a Queued condition, nothing else); :func:`released` frees the
-slot of a maintenance let go or failed. The rules themselves are
-:mod:`nmo.core.maintenance.admission`'s and :mod:`nmo.core.maintenance.quorum`'s.
+slot of a maintenance let go or failed (and, with a soak, records when its
+node returned). The rules themselves are :mod:`nmo.core.maintenance.admission`'s,
+:mod:`nmo.core.maintenance.gates`' and :mod:`nmo.core.maintenance.quorum`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import replace
 
 from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, Phase
-from nmo.core.maintenance import admission, quorum, transitions
+from nmo.core.maintenance import admission, gates, quorum, transitions
 from nmo.core.maintenance.observed import (
     LedgerWrite,
     Observed,
@@ -68,11 +69,41 @@ def admit(
     running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
     running.pop(name, None)
     decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
+    # The gates (soak, alerts) hold back what the budget would start now.
+    noticed = _noticed(obs, entries, settings)
+    if decision.admit:
+        waiting = {q.metadata.name for q in fleet.queue if q.metadata.name not in running}
+        decision = replace(decision, position=1, queued=len(waiting | {name}))
+    decision = gates.hold(
+        decision,
+        returned=noticed or ledger.returned,
+        alerts=obs.alerts,
+        settings=settings.budget,
+        now=obs.now,
+    )
     if decision.admit:
         entries[name] = {"uid": nm.metadata.uid, "node": nm.spec.node_name}
-        return decision, LedgerWrite(entries, version=version, admitted=name)
+        return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), LedgerWrite(
+            entries, version=version, admitted=name, returned=noticed
+        )
     waits = queued(obs, decision, settings)
-    return replace(waits, ledger=LedgerWrite(entries, version=version)) if pruned else waits
+    if not pruned:
+        return waits
+    return replace(waits, ledger=LedgerWrite(entries, version=version, returned=noticed))
+
+
+def _noticed(
+    obs: Observed, kept: dict[str, dict[str, str]], settings: PlanSettings
+) -> gates.Returned | None:
+    """Slots pruned now (their CR vanished or failed without freeing them): their
+    nodes' return time is unknown, so the soak starts now (never shorter)."""
+    ledger = obs.ledger
+    assert ledger is not None
+    pruned = sorted(k for k in ledger.entries if k not in kept)
+    if not pruned or settings.budget.soak_seconds <= 0:
+        return None
+    nodes = sorted({str(ledger.entries[k].get("node", "")) for k in pruned})
+    return gates.Returned(", ".join(pruned), ", ".join(nodes), obs.now)
 
 
 def queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
@@ -114,4 +145,9 @@ def released(obs: Observed, out: Plan, settings: PlanSettings) -> Plan:
     if name not in ledger.entries:
         return out  # never admitted
     kept = {k: v for k, v in ledger.entries.items() if k != name}
-    return replace(out, ledger=LedgerWrite(kept, version=ledger.version, released=name))
+    returned = None
+    if settings.budget.soak_seconds > 0:  # its node is back: the soak starts
+        node = str(ledger.entries[name].get("node") or obs.nm.spec.node_name)
+        returned = gates.Returned(name, node, obs.now)
+    change = LedgerWrite(kept, version=ledger.version, released=name, returned=returned)
+    return replace(out, ledger=change)
