@@ -76,7 +76,7 @@ def test_summary_is_stable_json() -> None:
     assert list(s) == [
         "name", "node", "reason", "phase", "drainProgress", "deleting", "createdAt",
         "lastUpdate", "lastError", "totalPods", "evictionPods", "errorOnLeaseCount",
-        "pendingPods", "lease", "events",
+        "pendingPods", "conditions", "lease", "events",
     ]  # fmt: skip
     assert s["pendingPods"] == [
         {
@@ -145,6 +145,50 @@ def test_render_succeeded_and_empty() -> None:
     text = render_text([summary.summarize(nm, lease=None, events=[], now=NOW)])
     assert "Succeeded" in text and "100%" in text and "Pending pods" not in text
     assert "No NodeMaintenance found." in render_text([])
+
+
+def condition(type_: str, status: str, reason: str, message: str) -> dict[str, str]:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T11:59:00Z"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("held", "shown"),
+    [
+        (
+            condition(c.CONDITION_QUEUED, "True", "Soaking", "node n0 returned 20s ago"),
+            "Waiting Queued Soaking: node n0 returned 20s ago",
+        ),
+        (
+            condition(c.CONDITION_QUEUED, "True", "AlertFiring", "alerts firing: NodeDown"),
+            "Waiting Queued AlertFiring: alerts firing: NodeDown",
+        ),
+        (
+            condition(c.CONDITION_VOLUMES_DETACHED, "False", "Waiting", "csi-1 still attached"),
+            "Waiting VolumesDetached Waiting: csi-1 still attached",
+        ),
+        (condition(c.CONDITION_QUEUED, "False", "Admitted", "started"), None),
+        (condition(c.CONDITION_VOLUMES_DETACHED, "True", "Detached", "none left"), None),
+    ],
+)
+def test_status_says_what_the_maintenance_waits_for(
+    held: dict[str, str], shown: str | None
+) -> None:
+    """Queued (fleet limits, window, soak, alert gate) and VolumesDetached hold a
+    maintenance with no pod pending: the text view names them, -o json lists
+    every condition."""
+    nm = running_nm()
+    nm["status"]["conditions"] = [held]
+    s = summary.summarize(nm, lease=None, events=[], now=NOW)
+    assert s["conditions"] == [
+        {"type": held["type"], "status": held["status"], "reason": held["reason"],
+         "message": held["message"], "since": "2026-01-01T11:59:00Z"}
+    ]  # fmt: skip
+    text = " ".join(render_text([s]).split())
+    if shown is None:
+        assert "Waiting" not in text
+    else:
+        assert shown in text, text
 
 
 HOSTILE = ("[/]", "[link=https://evil.example/]click[/link]", "[bold red]x", "[")

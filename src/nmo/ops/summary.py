@@ -121,6 +121,34 @@ def pending_view(status: Obj) -> list[Obj]:
     ]
 
 
+def conditions_view(status: Obj) -> list[Obj]:
+    """The CR's conditions as stored (Drained, Queued, VolumesDetached)."""
+    return [
+        {
+            "type": x.get("type"),
+            "status": x.get("status"),
+            "reason": x.get("reason"),
+            "message": x.get("message") or None,
+            "since": x.get("lastTransitionTime"),
+        }
+        for x in status.get("conditions") or []
+    ]
+
+
+def waiting_on(conditions: list[Obj]) -> Obj | None:
+    """What holds the maintenance, if a condition says so: the fleet limits, the
+    window, the soak or an alert gate (``Queued`` True), or the volumes still
+    attached after the drain (``VolumesDetached`` False)."""
+    for x in conditions:
+        held = (x.get("type"), x.get("status")) in (
+            (c.CONDITION_QUEUED, "True"),
+            (c.CONDITION_VOLUMES_DETACHED, "False"),
+        )
+        if held:
+            return x
+    return None
+
+
 def summarize(nm: Obj, *, lease: Obj | None, events: list[Obj], now: datetime) -> Obj:
     """The stable machine-readable view of one maintenance (pure)."""
     meta = nm.get("metadata") or {}
@@ -141,6 +169,7 @@ def summarize(nm: Obj, *, lease: Obj | None, events: list[Obj], now: datetime) -
         "evictionPods": status.get("evictionPods"),
         "errorOnLeaseCount": status.get("errorOnLeaseCount"),
         "pendingPods": pending_view(status),
+        "conditions": conditions_view(status),
         "lease": lease_view(lease, now),
         "events": related_events(events, str(meta.get("name") or ""), node),
     }
@@ -204,6 +233,12 @@ def render_one(s: Obj, now: datetime) -> RenderableType:
     head.add_row("Lease", _lease_text(s.get("lease"), now))
     if s.get("errorOnLeaseCount"):
         head.add_row("Lease errors", str(s["errorOnLeaseCount"]))
+    held = waiting_on(s.get("conditions") or [])
+    if held is not None:
+        why = f"{held.get('type')} {held.get('reason') or ''}".strip()
+        if held.get("message"):
+            why += f": {held['message']}"
+        head.add_row("Waiting", Text(why, style="yellow"))
     head.add_row("Last update", _ago(s.get("lastUpdate"), now))
     if s.get("lastError"):
         head.add_row("Last error", Text(str(s["lastError"]), style="red"))
