@@ -5,10 +5,14 @@ wake-ups, and the flags that configure it."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import certifi
 import httpx
 import pytest
 import respx
@@ -178,3 +182,57 @@ def test_the_flags_make_the_settings() -> None:
         "^Node",
     )
     assert budget.enabled
+
+
+async def _until(check: Any, seconds: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def _serving(*names: str) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda _request: httpx.Response(200, json=firing(*names)))
+
+
+async def test_a_replica_that_stops_leading_forgets_the_answer(tmp_path: Path) -> None:
+    """The poller runs on the leader only: once cancelled (leadership lost), the
+    last answer is gone, so a pass after the next election cannot admit on an
+    'answered, nothing fires' from the previous term before the first query,
+    and a follower's gauges do not go on saying Prometheus is up."""
+    settings = AlertGateSettings(URL, pattern="^Blocker$", interval=0.01)
+    gate = AlertPoller(settings, metrics=Metrics(), transport=_serving("Other"))
+    task = asyncio.create_task(gate.run())
+    await _until(lambda: gate.seen().answered)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert gate.seen() == AlertsSeen(URL)
+    assert gate.metrics.registry.get_sample_value("nmo_fleet_prometheus_up") == 0
+
+
+async def test_an_unreadable_ca_file_holds_and_is_read_again(tmp_path: Path) -> None:
+    """A CA file that is missing or not PEM (a ConfigMap not mounted yet, being
+    rotated) is a failed query, fail-closed, not the end of the runnable, which
+    would stop the whole process (and every running maintenance with it); it is
+    read again at the next query, so a rotated or late CA is taken."""
+    ca = tmp_path / "ca.crt"
+    settings = AlertGateSettings(URL, pattern="^Blocker$", interval=0.01, ca_file=str(ca))
+    gate = AlertPoller(settings, metrics=Metrics(), transport=_serving())
+    task = asyncio.create_task(gate.run())
+    try:
+        await _until(lambda: gate.seen().error is not None or task.done())
+        assert not task.done(), task.exception()
+        assert str(ca) in (gate.seen().error or "")
+        ca.write_text("not a certificate\n")
+        await _until(lambda: "No such file" not in (gate.seen().error or "No such file"))
+        assert not task.done(), task.exception()
+        assert str(ca) in (gate.seen().error or "")
+        shutil.copyfile(certifi.where(), ca)
+        await _until(lambda: gate.seen().answered or task.done())
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
