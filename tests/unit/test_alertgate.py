@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import shutil
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from nmo.cli.settings import alert_gate_settings, budget_settings
 from nmo.controller.alertgate import AlertGateSettings, AlertPoller
 from nmo.core.maintenance.gates import AlertsSeen
 from nmo.telemetry.metrics import Metrics
+from nmo_sandbox.pki import generate_pki, issue_serving_cert
 
 URL = "http://prometheus.test:9090"
 ENDPOINT = f"{URL}/api/v1/alerts"
@@ -232,6 +235,61 @@ async def test_an_unreadable_ca_file_holds_and_is_read_again(tmp_path: Path) -> 
         shutil.copyfile(certifi.where(), ca)
         await _until(lambda: gate.seen().answered or task.done())
         assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_https_prometheus_is_verified_with_the_ca_file(tmp_path: Path) -> None:
+    """A real TLS server (no mock transport): the CA file verifies it and the
+    token goes along; a CA that did not sign it is a failed query (fail-closed)."""
+    pki = generate_pki(tmp_path / "pki")
+    serving = issue_serving_cert(pki.dir, ["127.0.0.1"], out_dir=tmp_path / "tls", name="prom")
+    other = generate_pki(tmp_path / "other")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(serving.cert_file, serving.key_file)
+    seen_auth: list[str] = []
+    body = json.dumps(firing("Blocker")).encode()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        seen_auth.extend(
+            line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")
+            if line.lower().startswith("authorization:")
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    url = f"https://127.0.0.1:{port}"
+    async with server:
+        trusted = await _first_answer(url, token, pki.ca_file)
+        untrusted = await _first_answer(url, token, other.ca_file)
+    assert trusted == AlertsSeen(url, firing=("Blocker",), answered=True)
+    assert not untrusted.answered
+    assert "CERTIFICATE_VERIFY_FAILED" in (untrusted.error or ""), untrusted
+    assert seen_auth and set(seen_auth) == {"Bearer sa-token"}
+
+
+async def _first_answer(url: str, token: Path, ca: Path) -> AlertsSeen:
+    settings = AlertGateSettings(
+        url, pattern="^Blocker$", interval=0.01, token_file=str(token), ca_file=str(ca)
+    )
+    gate = AlertPoller(settings, metrics=Metrics())
+    task = asyncio.create_task(gate.run())
+    try:
+        await _until(lambda: gate.seen().answered or gate.seen().error is not None)
+        return gate.seen()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
