@@ -317,3 +317,14 @@ def test_a_return_stamped_ahead_of_this_clock_is_stamped_again_now() -> None:
     # A second of skew is not worth a write.
     near = planner.plan(waiting(returned=replace(BACK, at=NOW + timedelta(seconds=1))), SOAK)
     assert near.work is Work.QUEUED and near.ledger is None
+
+
+def test_a_slot_pruned_in_an_admitted_crs_pass_starts_the_soak_too() -> None:
+    """A CR already in the ledger whose start is not recorded yet (its status
+    write failed after the ledger's) prunes a vanished CR's slot in its pass:
+    that pruning starts the soak as any other does, or the next queued CR
+    would take the freed slot at once."""
+    entries = {"nm-1": MINE, "old": {"uid": "u-old", "node": "n9"}}
+    plan = planner.plan(waiting(entries=entries, gone=frozenset({"old"})), SOAK)
+    assert plan.work is Work.RUN
+    assert plan.ledger == LedgerWrite({"nm-1": MINE}, returned=Returned("old", "n9", NOW))

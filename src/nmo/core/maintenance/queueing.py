@@ -66,9 +66,10 @@ def admit(
     entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
     pruned = len(entries) != len(ledger.entries)
     version = ledger.version
-    if name in entries:
+    if name in entries:  # admitted before: never held, but a pruned slot starts the soak
+        noticed = _noticed(obs, entries, settings)
         return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
-            LedgerWrite(entries, version=version) if pruned else None
+            LedgerWrite(entries, version=version, returned=noticed) if pruned else None
         )
     running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
     running.pop(name, None)
