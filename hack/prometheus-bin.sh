@@ -50,7 +50,7 @@ if all_present; then
 fi
 
 command -v go >/dev/null 2>&1 \
-  || die "Go is not installed or not on PATH; it is needed to build Prometheus $VERSION (install Go >= 1.26 from https://go.dev/dl/ and re-run)"
+  || die "Go is not installed or not on PATH; it is needed to build Prometheus $VERSION (install Go >= 1.21, which fetches the toolchain the module needs from the Go module proxy, and re-run)"
 
 mkdir -p "$BIN_DIR" "$WORK_DIR"
 # One build at a time per version (parallel `make test` runs share the cache);
@@ -64,6 +64,22 @@ total0=$SECONDS
 log "building Prometheus $VERSION (prometheus, promtool) into $BIN_DIR (first run: several minutes on 2 cores)"
 info=$(cd "$WORK_DIR" && GOFLAGS=-mod=mod go mod download -json "$MODULE@$VERSION" 2>&1) \
   || die "could not download $MODULE@$VERSION from the Go module proxy ($(go env GOPROXY)): $(printf '%s' "$info" | grep -m1 '"Error"' || printf '%s' "$info" | tail -n1)"
+
+# The Go the module asks for (its go.mod's `go` line, go 1.26.7 for v0.316.0):
+# a local go older than that with GOTOOLCHAIN=local (Debian's go.env) refuses
+# `go install`. Then the module's toolchain is asked for, which the go command
+# (Go >= 1.21) fetches from the Go module proxy as golang.org/toolchain and
+# verifies against the checksum database. A GOTOOLCHAIN the caller set is kept.
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+gomod=$(printf '%s' "$info" | grep -o '"GoMod": *"[^"]*"' | head -n1 | sed 's/.*"\([^"]*\)"$/\1/')
+need=""
+[ -n "$gomod" ] && [ -f "$gomod" ] && need=$(sed -n 's/^go \([0-9][0-9.]*\)[[:space:]]*$/\1/p' "$gomod" | head -n1)
+have=$(go env GOVERSION); have=${have%% *}; have=${have#go}
+if [ -n "$need" ] && [ -z "${GOTOOLCHAIN:-}" ] && [ "$(go env GOTOOLCHAIN)" = local ] \
+  && ! version_ge "$have" "$need"; then
+  export GOTOOLCHAIN="go$need"
+  log "go $have is older than the go $need that $MODULE@$VERSION needs: building with GOTOOLCHAIN=$GOTOOLCHAIN (fetched from the Go module proxy)"
+fi
 
 # The version strings `prometheus --version` prints, as upstream's release
 # builds set them (github.com/prometheus/common/version).

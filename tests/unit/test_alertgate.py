@@ -5,10 +5,16 @@ wake-ups, and the flags that configure it."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import certifi
 import httpx
 import pytest
 import respx
@@ -18,6 +24,7 @@ from nmo.cli.settings import alert_gate_settings, budget_settings
 from nmo.controller.alertgate import AlertGateSettings, AlertPoller
 from nmo.core.maintenance.gates import AlertsSeen
 from nmo.telemetry.metrics import Metrics
+from nmo_sandbox.pki import generate_pki, issue_serving_cert
 
 URL = "http://prometheus.test:9090"
 ENDPOINT = f"{URL}/api/v1/alerts"
@@ -178,3 +185,112 @@ def test_the_flags_make_the_settings() -> None:
         "^Node",
     )
     assert budget.enabled
+
+
+async def _until(check: Any, seconds: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not check():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def _serving(*names: str) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda _request: httpx.Response(200, json=firing(*names)))
+
+
+async def test_a_replica_that_stops_leading_forgets_the_answer(tmp_path: Path) -> None:
+    """The poller runs on the leader only: once cancelled (leadership lost), the
+    last answer is gone, so a pass after the next election cannot admit on an
+    'answered, nothing fires' from the previous term before the first query,
+    and a follower's gauges do not go on saying Prometheus is up."""
+    settings = AlertGateSettings(URL, pattern="^Blocker$", interval=0.01)
+    gate = AlertPoller(settings, metrics=Metrics(), transport=_serving("Other"))
+    task = asyncio.create_task(gate.run())
+    await _until(lambda: gate.seen().answered)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert gate.seen() == AlertsSeen(URL)
+    assert gate.metrics.registry.get_sample_value("nmo_fleet_prometheus_up") == 0
+
+
+async def test_an_unreadable_ca_file_holds_and_is_read_again(tmp_path: Path) -> None:
+    """A CA file that is missing or not PEM (a ConfigMap not mounted yet, being
+    rotated) is a failed query, fail-closed, not the end of the runnable, which
+    would stop the whole process (and every running maintenance with it); it is
+    read again at the next query, so a rotated or late CA is taken."""
+    ca = tmp_path / "ca.crt"
+    settings = AlertGateSettings(URL, pattern="^Blocker$", interval=0.01, ca_file=str(ca))
+    gate = AlertPoller(settings, metrics=Metrics(), transport=_serving())
+    task = asyncio.create_task(gate.run())
+    try:
+        await _until(lambda: gate.seen().error is not None or task.done())
+        assert not task.done(), task.exception()
+        assert str(ca) in (gate.seen().error or "")
+        ca.write_text("not a certificate\n")
+        await _until(lambda: "No such file" not in (gate.seen().error or "No such file"))
+        assert not task.done(), task.exception()
+        assert str(ca) in (gate.seen().error or "")
+        shutil.copyfile(certifi.where(), ca)
+        await _until(lambda: gate.seen().answered or task.done())
+        assert not task.done()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_https_prometheus_is_verified_with_the_ca_file(tmp_path: Path) -> None:
+    """A real TLS server (no mock transport): the CA file verifies it and the
+    token goes along; a CA that did not sign it is a failed query (fail-closed)."""
+    pki = generate_pki(tmp_path / "pki")
+    serving = issue_serving_cert(pki.dir, ["127.0.0.1"], out_dir=tmp_path / "tls", name="prom")
+    other = generate_pki(tmp_path / "other")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(serving.cert_file, serving.key_file)
+    seen_auth: list[str] = []
+    body = json.dumps(firing("Blocker")).encode()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        seen_auth.extend(
+            line.split(":", 1)[1].strip()
+            for line in head.split("\r\n")
+            if line.lower().startswith("authorization:")
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    url = f"https://127.0.0.1:{port}"
+    async with server:
+        trusted = await _first_answer(url, token, pki.ca_file)
+        untrusted = await _first_answer(url, token, other.ca_file)
+    assert trusted == AlertsSeen(url, firing=("Blocker",), answered=True)
+    assert not untrusted.answered
+    assert "CERTIFICATE_VERIFY_FAILED" in (untrusted.error or ""), untrusted
+    assert seen_auth and set(seen_auth) == {"Bearer sa-token"}
+
+
+async def _first_answer(url: str, token: Path, ca: Path) -> AlertsSeen:
+    settings = AlertGateSettings(
+        url, pattern="^Blocker$", interval=0.01, token_file=str(token), ca_file=str(ca)
+    )
+    gate = AlertPoller(settings, metrics=Metrics())
+    task = asyncio.create_task(gate.run())
+    try:
+        await _until(lambda: gate.seen().answered or gate.seen().error is not None)
+        return gate.seen()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

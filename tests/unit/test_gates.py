@@ -297,3 +297,34 @@ def test_no_matching_alert_lets_it_start() -> None:
     plan = planner.plan(waiting(alerts=QUIET), ALERTS)
     assert plan.work is Work.RUN
     assert plan.ledger == LedgerWrite({"nm-1": MINE}, admitted="nm-1")
+
+
+def test_a_return_stamped_ahead_of_this_clock_is_stamped_again_now() -> None:
+    """The record is stamped by the clock of the replica that freed the slot; a
+    leader whose clock is behind it (by an hour here) would hold the fleet for
+    that hour plus the soak, not one soak. It holds, and records the return
+    again at its own now, so the soak ends one soak from now on its clock."""
+    ahead = replace(BACK, at=NOW + timedelta(hours=1))
+    plan = planner.plan(waiting(returned=ahead), SOAK)
+    assert plan.work is Work.QUEUED
+    assert plan.ledger == LedgerWrite({}, returned=replace(ahead, at=NOW))
+    assert plan.status is not None
+    (cond,) = plan.status.conditions or []
+    ends = (NOW + timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert cond.reason == "Soaking" and f"starts after {ends}" in (cond.message or "")
+    again = planner.plan(waiting(returned=replace(ahead, at=NOW)), SOAK)
+    assert again.work is Work.QUEUED and again.ledger is None, "written once"
+    # A second of skew is not worth a write.
+    near = planner.plan(waiting(returned=replace(BACK, at=NOW + timedelta(seconds=1))), SOAK)
+    assert near.work is Work.QUEUED and near.ledger is None
+
+
+def test_a_slot_pruned_in_an_admitted_crs_pass_starts_the_soak_too() -> None:
+    """A CR already in the ledger whose start is not recorded yet (its status
+    write failed after the ledger's) prunes a vanished CR's slot in its pass:
+    that pruning starts the soak as any other does, or the next queued CR
+    would take the freed slot at once."""
+    entries = {"nm-1": MINE, "old": {"uid": "u-old", "node": "n9"}}
+    plan = planner.plan(waiting(entries=entries, gone=frozenset({"old"})), SOAK)
+    assert plan.work is Work.RUN
+    assert plan.ledger == LedgerWrite({"nm-1": MINE}, returned=Returned("old", "n9", NOW))

@@ -97,3 +97,55 @@ def test_config_and_flags(tmp_path: Path) -> None:
     assert "--web.listen-address=127.0.0.1:9999" in argv  # loopback only
     assert f"--storage.tsdb.path={tmp_path / 'data'}" in argv
     assert prom.url == "http://127.0.0.1:9999"
+
+
+FAKE_GO = """#!/bin/sh
+# A go command older than the module needs, with GOTOOLCHAIN=local (Debian's go.env).
+case "$1 $2" in
+  "env GOVERSION") echo go1.25.0 ;;
+  "env GOTOOLCHAIN") echo "${GOTOOLCHAIN:-local}" ;;
+  "env GOPROXY") echo https://proxy.golang.org ;;
+  "mod download") printf '{"Path": "m", "Version": "v", "GoMod": "%s"}\\n' "$FAKE_GOMOD" ;;
+  install*)
+    echo "${GOTOOLCHAIN:-unset}" >> "$FAKE_LOG"
+    for last; do :; done
+    name=${last%@*}; name=${name##*/}
+    printf '#!/bin/sh\\n' > "$GOBIN/$name"; chmod +x "$GOBIN/$name" ;;
+  *) echo "fake go: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def test_an_older_local_go_builds_with_the_modules_toolchain(tmp_path: Path) -> None:
+    """Prometheus's go.mod says `go 1.26.7`; a go command older than that with
+    GOTOOLCHAIN=local (as Debian's go.env sets it) refuses `go install`. The
+    script asks for the module's toolchain (GOTOOLCHAIN=go1.26.7), which the go
+    command fetches from the Go module proxy (golang.org/toolchain)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "go").write_text(FAKE_GO)
+    (fake / "go").chmod(0o755)
+    gomod = tmp_path / "prometheus.mod"
+    gomod.write_text("module github.com/prometheus/prometheus\n\ngo 1.26.7\n")
+    log = tmp_path / "install.log"
+    env = {
+        **os.environ,
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "NMO_CACHE_DIR": str(tmp_path / "cache"),
+        "FAKE_GOMOD": str(gomod),
+        "FAKE_LOG": str(log),
+    }
+    for name in ("GOTOOLCHAIN", "NMO_PROMETHEUS_VERSION"):
+        env.pop(name, None)
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().split() == ["go1.26.7", "go1.26.7"]  # prometheus, promtool
+    assert "go1.26.7" in result.stderr
+
+    # A go command new enough (or GOTOOLCHAIN set by the caller) is left alone.
+    log.unlink()
+    env["NMO_CACHE_DIR"] = str(tmp_path / "cache2")
+    env["GOTOOLCHAIN"] = "go1.26.9"
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().split() == ["go1.26.9", "go1.26.9"]

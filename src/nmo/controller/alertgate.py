@@ -11,9 +11,13 @@ or stops firing, Prometheus stops or starts answering) the queue is woken
 resolving.
 
 It fails closed, as kured does: until the first answer, and after any failed
-query (refused, timed out, TLS, 4xx/5xx, not JSON), the gate holds. Each
-query reads the bearer token file afresh (projected ServiceAccount tokens
-rotate); the CA file is read when the client is made, at each start.
+query (refused, timed out, TLS, 4xx/5xx, not JSON, a CA file missing or not
+PEM), the gate holds; the poller itself never ends on them (a runnable that
+ends stops the process, and every running maintenance with it). Each query
+reads the bearer token file afresh (projected ServiceAccount tokens rotate);
+the CA file is read when the client is made: at each start and after each
+failed query (a CA mounted late or rotated is taken). A replica that stops
+leading forgets the last answer.
 """
 
 from __future__ import annotations
@@ -82,23 +86,44 @@ class AlertPoller:
         return float(len(gates.blocked_by(seen.firing, self.settings.pattern)))
 
     async def run(self) -> None:
-        """Ask every interval until cancelled; a new leader starts from no answer."""
+        """Ask every interval until cancelled; a new leader starts from no answer,
+        and a replica that stops leading forgets the last one."""
         self._seen = AlertsSeen(url=self.settings.url)
         log.info(
             "alert gate: new maintenances wait while alerts matching %r fire on %s",
             self.settings.pattern,
             self.settings.url,
         )
-        async with httpx.AsyncClient(
+        client: httpx.AsyncClient | None = None
+        try:
+            while True:
+                if client is None:
+                    try:
+                        client = self._client()
+                    except OSError as exc:  # ssl.SSLError too: the CA file is not PEM
+                        self._update(self._failed(f"CA file {self.settings.ca_file}: {exc}"))
+                if client is not None:
+                    seen = await self.query(client)
+                    if seen.error is not None:  # the next query reads the CA file again
+                        await client.aclose()
+                        client = None
+                    self._update(seen)
+                await asyncio.sleep(self.settings.interval)
+        finally:
+            self._seen = AlertsSeen(url=self.settings.url)
+            if client is not None:
+                await client.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        """A client verifying with the CA file as it is now (a failed query makes
+        a new one: a CA mounted late or rotated is taken, never a crash)."""
+        return httpx.AsyncClient(
             timeout=self.settings.timeout,
             verify=self._verify(),
             headers={"User-Agent": USER_AGENT, "Accept": "application/json"},
             transport=self._transport,
             trust_env=False,
-        ) as client:
-            while True:
-                self._update(await self.query(client))
-                await asyncio.sleep(self.settings.interval)
+        )
 
     def _verify(self) -> ssl.SSLContext | bool:
         if self.settings.ca_file:
@@ -121,11 +146,13 @@ class AlertPoller:
                 raise ValueError(f"HTTP {resp.status_code} from {self.settings.endpoint}")
             firing = gates.firing_alerts(resp.json())
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            error = str(exc) or type(exc).__name__
-            self.metrics.prometheus_queries.labels(result="failed").inc()
-            return AlertsSeen(url=url, error=error[:MAX_ERROR])
+            return self._failed(str(exc) or type(exc).__name__)
         self.metrics.prometheus_queries.labels(result="answered").inc()
         return AlertsSeen(url=url, firing=firing, answered=True)
+
+    def _failed(self, error: str) -> AlertsSeen:
+        self.metrics.prometheus_queries.labels(result="failed").inc()
+        return AlertsSeen(url=self.settings.url, error=error[:MAX_ERROR])
 
     def _update(self, new: AlertsSeen) -> None:
         old, self._seen = self._seen, new

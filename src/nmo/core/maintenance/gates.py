@@ -12,7 +12,11 @@ queued while a gate holds, with the gate named in its ``Queued`` condition.
   budget itself: a restart, a new leader or the CR's deletion does not
   shorten it. A slot pruned because its CR vanished while nmo was down has no
   known return time: its return is taken as the moment nmo noticed, which
-  can only lengthen the soak.
+  can only lengthen the soak. Whose clock: the return is stamped by the
+  leader that frees the slot and compared with the clock of the leader that
+  admits; after a leader change their skew lengthens or shortens the soak by
+  that much (a return stamped ahead of the new leader's clock is stamped again
+  at its now: one soak, not the skew plus one).
 * The **alert gate** (``--blocking-prometheus-url``, ``--blocking-alerts``):
   while an alert whose name matches the pattern fires (``re.search``, as
   kured's filter), nothing new starts. Prometheus not answering holds too
@@ -111,8 +115,10 @@ def blocked_by(firing: Iterable[str], pattern: str) -> tuple[str, ...]:
 
 
 def soak_left(returned: Returned | None, soak_seconds: float, now: datetime) -> float:
-    """Seconds until the soak after the last return ends (0: none). A return
-    time in the future (another replica's clock ahead) holds one soak at most."""
+    """Seconds until the soak after the last return ends (0: none), at most one
+    soak. A return stamped in the future (by a replica whose clock is ahead of
+    this one) is stamped again at this clock's now by the planner
+    (:func:`nmo.core.maintenance.queueing.admit`), so it holds one soak from then."""
     if returned is None or soak_seconds <= 0:
         return 0.0
     left = (returned.at + timedelta(seconds=soak_seconds) - now).total_seconds()

@@ -12,6 +12,7 @@ node returned). The rules themselves are :mod:`nmo.core.maintenance.admission`'s
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 from nmo.api import constants as c
 from nmo.api.models import ConditionStatus, Phase
@@ -26,6 +27,9 @@ from nmo.core.maintenance.observed import (
     Work,
 )
 from nmo.core.maintenance.policy import PlanSettings, reading, status_write
+
+# A return stamped this far ahead of this clock at most is left as it is (no write).
+SKEW_TOLERATED = 1.0
 
 
 def admit(
@@ -62,15 +66,16 @@ def admit(
     entries = {k: dict(v) for k, v in ledger.entries.items() if k not in ledger.gone}
     pruned = len(entries) != len(ledger.entries)
     version = ledger.version
-    if name in entries:
+    if name in entries:  # admitted before: never held, but a pruned slot starts the soak
+        noticed = _noticed(obs, entries, settings)
         return admission.Admission(True, admission.REASON_ADMITTED, "admitted"), (
-            LedgerWrite(entries, version=version) if pruned else None
+            LedgerWrite(entries, version=version, returned=noticed) if pruned else None
         )
     running = {**fleet.admitted, **{k: v["node"] for k, v in entries.items()}}
     running.pop(name, None)
     decision = admission.decide(nm, replace(fleet, admitted=running), settings.budget, obs.now)
     # The gates (soak, alerts) hold back what the budget would start now.
-    noticed = _noticed(obs, entries, settings)
+    noticed = _noticed(obs, entries, settings) or _restamped(ledger.returned, settings, obs.now)
     if decision.admit:
         waiting = {q.metadata.name for q in fleet.queue if q.metadata.name not in running}
         decision = replace(decision, position=1, queued=len(waiting | {name}))
@@ -87,7 +92,7 @@ def admit(
             entries, version=version, admitted=name, returned=noticed
         )
     waits = queued(obs, decision, settings)
-    if not pruned:
+    if not pruned and noticed is None:
         return waits
     return replace(waits, ledger=LedgerWrite(entries, version=version, returned=noticed))
 
@@ -104,6 +109,19 @@ def _noticed(
         return None
     nodes = sorted({str(ledger.entries[k].get("node", "")) for k in pruned})
     return gates.Returned(", ".join(pruned), ", ".join(nodes), obs.now)
+
+
+def _restamped(
+    returned: gates.Returned | None, settings: PlanSettings, now: datetime
+) -> gates.Returned | None:
+    """A return stamped ahead of this clock (by a replica whose clock is ahead)
+    would hold for the skew plus the soak: it is recorded again at this clock's
+    now, so the soak ends one soak from now (never shorter than from the return)."""
+    if returned is None or settings.budget.soak_seconds <= 0:
+        return None
+    if returned.at <= now + timedelta(seconds=SKEW_TOLERATED):
+        return None
+    return replace(returned, at=now)
 
 
 def queued(obs: Observed, decision: admission.Admission, settings: PlanSettings) -> Plan:
