@@ -284,6 +284,21 @@ def test_a_spec_timeout_is_its_own_deadline() -> None:
     assert cond(out.status).reason == volumes.REASON_TIMED_OUT
 
 
+def test_a_timeout_past_the_webhooks_bound_is_a_day_and_the_crd_refuses_it() -> None:
+    """A CR stored without the webhook (timeoutSeconds 10**12): the deadline was
+    past year 9999 and every pass crashed (OverflowError); it waits a day."""
+    m = nm(drain={"waitForVolumeDetach": {"timeoutSeconds": 10**12}})
+    out = planner.plan(observed(m, ATTACHED), ON)
+    assert out.status is not None and out.status.phase is Phase.RUNNING
+    day = (NOW + timedelta(seconds=c.VOLUME_DETACH_TIMEOUT_MAX)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"waiting until {day}" in cond(out.status).message
+    from nmo.api.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    wait = spec["properties"]["drain"]["properties"]["waitForVolumeDetach"]
+    assert wait["properties"]["timeoutSeconds"]["maximum"] == c.VOLUME_DETACH_TIMEOUT_MAX
+
+
 def test_once_detached_it_succeeds_and_says_how_long_it_waited() -> None:
     began = NOW - timedelta(seconds=42)
     out = planner.plan(observed(nm(conditions=waiting_since(began)), VolumeFacts()), ON)

@@ -93,9 +93,12 @@ def wanted(nm: NodeMaintenance, settings: PlanSettings) -> bool:
 
 
 def timeout_of(nm: NodeMaintenance, settings: PlanSettings) -> int:
+    """The wait's length: the CR's, else the flag's; at most a day, whatever got
+    past the API (a CR stored without the webhook): a deadline past year 9999
+    cannot be computed, and the pass would crash on every look."""
     spec = nm.spec.drain.wait_for_volume_detach if nm.spec.drain is not None else None
     if spec is not None and spec.timeout_seconds:
-        return spec.timeout_seconds
+        return min(spec.timeout_seconds, c.VOLUME_DETACH_TIMEOUT_MAX)
     return settings.volume_detach_timeout
 
 
