@@ -577,6 +577,21 @@ async def test_a_queued_cr_deleted_without_a_finalizer_takes_its_node_conditions
     assert harness.api.requests() == [], "a gone CR that named no node writes nothing"
 
 
+async def test_a_refused_removal_for_a_gone_cr_is_logged_not_retried_by_its_name(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.reconciler.settings = CONDITIONS_ON
+    harness.nodes.store["n1"] = _with_conditions(
+        builders.node(uid="node-uid"), "nm-1", Stage.QUEUED
+    )
+    harness.api.fail[("PATCH", NODE_STATUS)] = 403
+    result = await harness.reconciler.reconcile("nm-1")
+    assert result.requeue_after is None, "a refusal for good is not retried forever"
+    assert "gone; could not remove its lifecycle conditions from node n1" in caplog.text
+
+
 async def test_without_the_flag_a_gone_cr_writes_nothing(harness: Harness) -> None:
     from nmo.core.maintenance.nodeconditions import Stage
 

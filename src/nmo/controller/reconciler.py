@@ -580,7 +580,9 @@ class Reconciler:
         """The CR ``name`` is gone from the cache: remove the lifecycle conditions
         that name it from any node (a queued CR is deleted without a pass of
         its own: it has no finalizer yet). The node cache is scanned once per
-        gone CR; a failed removal fails the pass, and the queue retries it."""
+        gone CR. A failed removal is logged, not retried by this name (a
+        refusal for good would retry forever): the node's next event sweeps
+        it again (Engine._sweep_conditions)."""
         ports = self.ports
         for node in list(ports.nodes.store.values()):
             if name not in nodeconditions.owners(node):
@@ -592,6 +594,16 @@ class Reconciler:
             try:
                 out = await ports.kube.strategic_patch(node_path(node_name, "status"), body)
             except NotFound:
+                continue
+            except KubeError as exc:
+                log.warning(
+                    "maintenance %s: gone; could not remove its lifecycle conditions from "
+                    "node %s (nmo cleanup removes them): %s",
+                    name,
+                    node_name,
+                    exc,
+                    extra={"maintenance": name, "node": node_name},
+                )
                 continue
             ports.nodes.remember(out)
             log.info(
