@@ -391,3 +391,40 @@ async def test_conditions_of_a_gone_cr_are_removed_queued_or_deleted_while_nmo_w
             op.kill(signal.SIGTERM)
             CURRENT.remove(op)
             await reset_leader_leases(sandbox)
+
+
+async def test_the_node_policy_keeps_the_rest_of_the_status_from_nmo(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    node_factory: Any,
+    node_policy: str,
+    operator: Operator,  # installs the CRD
+) -> None:
+    """As nmo's ServiceAccount with nodes/status granted, only the four lifecycle
+    conditions change: the node's images (the scheduler's ImageLocality) and
+    the fields newer servers have (runtimeHandlers, features, declaredFeatures,
+    in the policy as rendered for this server) are refused too. The images were
+    let through before. A condition of nmo's still passes: the policy compiles
+    on this server with the fields its version has."""
+    identity = await chart_identity(sandbox, variant=VARIANT, values=VALUES)
+    (node,) = await node_factory(1)
+    mine = {
+        "status": {
+            "conditions": [{"type": DR, "status": "False", "reason": "NotStarted", "message": "x"}]
+        }
+    }
+
+    async def in_force() -> bool:
+        ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X"}]}}
+        resp = await as_nmo_status_patch(kube, identity.username, node, ready)
+        return resp.status_code == 403 and POLICY in resp.text
+
+    await wait_for(in_force, timeout=30, what="the node policy in force")
+    resp = await as_nmo_status_patch(kube, identity.username, node, mine)
+    assert resp.status_code == 200, resp.text
+    images = {"status": {"images": [{"names": ["evil.example/pwn:latest"], "sizeBytes": 1}]}}
+    resp = await as_nmo_status_patch(kube, identity.username, node, images)
+    assert resp.status_code == 403 and POLICY in resp.text, resp.text
+    handlers = {"status": {"runtimeHandlers": [{"name": "evil"}]}}
+    resp = await as_nmo_status_patch(kube, identity.username, node, handlers)
+    assert resp.status_code == 403 and POLICY in resp.text, resp.text
