@@ -630,6 +630,22 @@ async def test_a_refused_condition_removal_does_not_hold_the_deletion(
     assert "could not remove its lifecycle conditions from node n1" in caplog.text
 
 
+async def test_a_condition_removal_that_fails_for_now_is_retried_with_the_deletion(
+    harness: Harness,
+) -> None:
+    """A 500 is not a refusal for good: the let-go stops there and is retried."""
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.put(
+        fresh_cr(finalizers=[c.FINALIZER], deleting=True),
+        _with_conditions(TAKEN, "nm-1", Stage.DRAINED),
+    )
+    harness.api.fail[("PATCH", NODE_STATUS)] = 500
+    with pytest.raises(KubeError):
+        await harness.pass_(CONDITIONS_ON)
+    assert ("PATCH", NM) not in harness.api.requests(), "the finalizer stays for the retry"
+
+
 async def test_a_refused_condition_write_while_entering_is_an_api_error(
     harness: Harness,
 ) -> None:

@@ -74,7 +74,15 @@ from nmo.core.maintenance.observed import (
     Work,
 )
 from nmo.kube.client import Kube, api_path, nm_path, node_path
-from nmo.kube.errors import Conflict, InvalidName, KubeError, NotFound, changed_meanwhile
+from nmo.kube.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    InvalidName,
+    KubeError,
+    NotFound,
+    changed_meanwhile,
+)
 from nmo.kube.informer import Informer
 from nmo.telemetry.metrics import Metrics
 
@@ -536,11 +544,10 @@ class Reconciler:
         writer's condition stays. A node gone meanwhile has none to keep.
 
         ``letting_go`` (the CR deleted, or Failed with its node given back):
-        a removal that fails is logged and the maintenance lets go all the
-        same; the conditions are an add-on, and a removal refused for good
-        (nodes/status not granted, a policy) must not hold the finalizer, the
-        lease or the Failed status forever. The CR's absence is swept later
-        (:meth:`_remove_orphaned_conditions`).
+        a removal refused for good (403: nodes/status not granted, a policy;
+        422) is logged and the maintenance lets go all the same: the
+        conditions are an add-on, and must not hold the finalizer, the lease
+        or the Failed status forever. Other errors are retried as any step.
         """
         if plan.node_conditions is None:
             return
@@ -549,7 +556,7 @@ class Reconciler:
             out = await self.ports.kube.strategic_patch(path, plan.node_conditions)
         except NotFound:
             return
-        except KubeError as exc:
+        except (Forbidden, Invalid) as exc:
             if not letting_go:
                 raise
             log.warning(
