@@ -304,3 +304,127 @@ async def test_lifecycle_conditions_follow_the_maintenance_as_the_charts_identit
     await shell(sandbox, BY_HAND.replace("<node-name>", held))
     node = await api.node(held)
     assert lifecycle(node) == {} and kwok_before <= set(conditions(node))
+
+
+async def test_conditions_of_a_gone_cr_are_removed_queued_or_deleted_while_nmo_was_down(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    node_factory: Any,
+    node_policy: str,
+    tmp_path: Path,
+    operator: Operator,  # installs the CRD; stopped for this test (others_stopped)
+) -> None:
+    """A queued CR has no finalizer: deleting it gives nmo no pass of its own, and
+    its MaintenancePlanned=True stayed on the node for good. nmo now removes
+    the conditions of a CR it sees gone, and at its start those naming a CR
+    deleted while it was down; a live maintenance's conditions stay."""
+    api = Api(kube)
+    identity = await chart_identity(sandbox, variant=VARIANT, values=VALUES)
+    held, queued = await node_factory(2)
+    await reset_leader_leases(sandbox)
+    log_dir = tmp_path / "nmo"
+    log_dir.mkdir()
+    op = Operator(
+        sandbox,
+        log_dir,
+        ["--node-conditions", "--max-parallel-maintenances", "1"],
+        identity=identity,
+    )
+    first, second = f"nm-{uid()}", f"nm-{uid()}"
+    async with others_stopped():
+        CURRENT.append(op)
+        try:
+            await op.start()
+            await api.create_nm(first, held)
+
+            async def drained() -> bool:
+                return lifecycle(await api.node(held)).get(DR) == ("True", "Drained")
+
+            await wait_for(drained, what="the first maintenance drained (it holds the budget)")
+            await api.create_nm(second, queued)
+
+            async def planned() -> bool:
+                return lifecycle(await api.node(queued)).get(PL) == ("True", "BudgetExhausted")
+
+            await wait_for(planned, what="MaintenancePlanned=True on the queued node")
+            cr = await api.nm(second) or {}
+            assert c.FINALIZER not in (cr["metadata"].get("finalizers") or []), cr["metadata"]
+            await api.delete_nm_and_wait_gone(second)
+
+            async def cleared() -> bool:
+                return lifecycle(await api.node(queued)) == {}
+
+            await wait_for(cleared, timeout=30, what="the deleted queued CR's conditions gone")
+            assert set(lifecycle(await api.node(held))) == set(c.NODE_CONDITION_TYPES)
+
+            # Deleted while nmo was down (here: conditions naming a CR that does
+            # not exist): the new leader's sweep removes them, not the live ones.
+            op.kill(signal.SIGTERM)
+            gone = f"nm-{uid()}"
+            stale = [
+                {
+                    "type": t,
+                    "status": "True",
+                    "reason": "Admitted",
+                    "message": f"NodeMaintenance {gone}: x",
+                }
+                for t in c.NODE_CONDITION_TYPES
+            ]
+            resp = await kube.patch(
+                f"/api/v1/nodes/{queued}/status",
+                json={"status": {"conditions": stale}},
+                headers={"Content-Type": "application/strategic-merge-patch+json"},
+            )
+            assert resp.status_code == 200, resp.text
+            assert set(lifecycle(await api.node(queued))) == set(c.NODE_CONDITION_TYPES)
+            await op.start()
+            await wait_for(cleared, timeout=30, what="the leader's sweep removing them")
+            assert set(lifecycle(await api.node(held))) == set(c.NODE_CONDITION_TYPES)
+            assert f"maintenance {gone}: gone; its lifecycle conditions removed" in op.logs()
+            await api.delete_nm_and_wait_gone(first)
+
+            async def held_cleared() -> bool:
+                return lifecycle(await api.node(held)) == {}
+
+            await wait_for(held_cleared, what="the first maintenance's conditions removed")
+        finally:
+            op.kill(signal.SIGTERM)
+            CURRENT.remove(op)
+            await reset_leader_leases(sandbox)
+
+
+async def test_the_node_policy_keeps_the_rest_of_the_status_from_nmo(
+    sandbox: Sandbox,
+    kube: httpx.AsyncClient,
+    node_factory: Any,
+    node_policy: str,
+    operator: Operator,  # installs the CRD
+) -> None:
+    """As nmo's ServiceAccount with nodes/status granted, only the four lifecycle
+    conditions change: the node's images (the scheduler's ImageLocality) and
+    the fields newer servers have (runtimeHandlers, features, declaredFeatures,
+    in the policy as rendered for this server) are refused too. The images were
+    let through before. A condition of nmo's still passes: the policy compiles
+    on this server with the fields its version has."""
+    identity = await chart_identity(sandbox, variant=VARIANT, values=VALUES)
+    (node,) = await node_factory(1)
+    mine = {
+        "status": {
+            "conditions": [{"type": DR, "status": "False", "reason": "NotStarted", "message": "x"}]
+        }
+    }
+
+    async def in_force() -> bool:
+        ready = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X"}]}}
+        resp = await as_nmo_status_patch(kube, identity.username, node, ready)
+        return resp.status_code == 403 and POLICY in resp.text
+
+    await wait_for(in_force, timeout=30, what="the node policy in force")
+    resp = await as_nmo_status_patch(kube, identity.username, node, mine)
+    assert resp.status_code == 200, resp.text
+    images = {"status": {"images": [{"names": ["evil.example/pwn:latest"], "sizeBytes": 1}]}}
+    resp = await as_nmo_status_patch(kube, identity.username, node, images)
+    assert resp.status_code == 403 and POLICY in resp.text, resp.text
+    handlers = {"status": {"runtimeHandlers": [{"name": "evil"}]}}
+    resp = await as_nmo_status_patch(kube, identity.username, node, handlers)
+    assert resp.status_code == 403 and POLICY in resp.text, resp.text

@@ -346,6 +346,30 @@ def test_policies_are_on_where_the_cluster_serves_them(
     assert policies(render(helm_env, *values)) == rendered
 
 
+@pytest.mark.parametrize(
+    ("version", "newer"),
+    [
+        ("1.30.0", ()),
+        ("1.31.0", ("runtimeHandlers",)),
+        ("1.35.4", ("runtimeHandlers", "features", "declaredFeatures")),
+    ],
+)
+def test_node_policy_keeps_every_status_field_the_server_has(
+    helm_env: dict[str, str], version: str, newer: tuple[str, ...]
+) -> None:
+    """Every NodeStatus field but conditions is compared (images and config were
+    not); a field newer than the server is not named (it would not compile)."""
+    docs = render(helm_env, "--set", "nodePolicy.enabled=true", "--kube-version", version)
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    (status_rule,) = [
+        v["expression"] for v in vap["spec"]["validations"] if "volumesInUse" in v["expression"]
+    ]
+    fields = set(re.findall(r"object\.status\.\?(\w+) ==", status_rule))
+    always = {"phase", "capacity", "allocatable", "addresses", "daemonEndpoints", "nodeInfo"}
+    always |= {"volumesAttached", "volumesInUse", "images", "config"}
+    assert fields == always | set(newer)
+
+
 def test_node_policy_binds_nmos_service_account_only(helm_env: dict[str, str]) -> None:
     docs = render(helm_env, "--set", "nodePolicy.enabled=true", "--kube-version", "1.30.0")
     vap = one(docs, "ValidatingAdmissionPolicy")

@@ -84,3 +84,60 @@ async def test_node_events_wake_only_its_maintenances(
     engine._on_node("MODIFIED", {"metadata": {"name": "n2"}}, None)
     assert len(engine.queue) == 1
     assert await engine.queue.get() == "nm-2"
+
+
+def _conditioned(node: str, owner: str) -> dict[str, object]:
+    """A slim node carrying the lifecycle conditions of ``owner`` (queued)."""
+    from nmo.core.maintenance import nodeconditions as nc
+
+    body = nc.patch({}, nc.wanted(owner, nc.Stage.QUEUED), now=SINCE)
+    assert body is not None
+    return {"metadata": {"name": node}, "status": {"conditions": body["status"]["conditions"]}}
+
+
+async def test_node_conditions_of_a_gone_cr_are_swept_by_its_name(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    """--node-conditions: a CR deleted without a pass (queued, no finalizer; or
+    while nmo was down) is reconciled by name, whose pass removes its node
+    conditions: on its DELETED event, on a node event, at the leader's start."""
+    from dataclasses import replace
+
+    from nmo.core.maintenance.policy import PlanSettings
+
+    settings = EngineSettings(
+        leader_election=False, plan=replace(PlanSettings(), node_conditions=True)
+    )
+    engine = Engine(kube, settings, Metrics())
+    engine.leading = True
+    live = {"metadata": {"name": "nm-1", "resourceVersion": "1"}, "spec": {"nodeName": "n1"}}
+    engine.maintenances._apply("ADDED", live)
+    engine.queue = type(engine.queue)()
+    engine._on_node("MODIFIED", _conditioned("n1", "nm-1"), None)
+    assert await engine.queue.get() == "nm-1"  # its node's event, as before
+    engine.queue = type(engine.queue)()
+    engine._on_node("MODIFIED", _conditioned("n2", "nm-gone"), None)
+    assert len(engine.queue) == 1
+    assert await engine.queue.get() == "nm-gone", "conditions naming a CR the cache lacks"
+    engine.queue = type(engine.queue)()
+    engine.maintenances._apply("DELETED", live)
+    assert await engine.queue.get() == "nm-1", "a deletion is reconciled by name"
+    engine.queue = type(engine.queue)()
+    engine.leading = False
+    engine.nodes.store["n2"] = _conditioned("n2", "nm-gone")
+    api_server.post(path="/api/v1/namespaces").respond(201, json={"metadata": {}})
+    async with engine.leadership():
+        assert len(engine.queue) == 1
+        assert await engine.queue.get() == "nm-gone", "the leader sweeps the node cache"
+
+
+async def test_without_node_conditions_nothing_is_swept(
+    api_server: respx.MockRouter, kube: Kube
+) -> None:
+    engine = _engine(kube)
+    engine._on_node("MODIFIED", _conditioned("n2", "nm-gone"), None)
+    live = {"metadata": {"name": "nm-1", "resourceVersion": "1"}, "spec": {"nodeName": "n1"}}
+    engine.maintenances._apply("ADDED", live)
+    engine.queue = type(engine.queue)()
+    engine._on_maintenance("DELETED", live, None)
+    assert len(engine.queue) == 0, "default flags: no pass for a gone CR, as before"

@@ -533,3 +533,125 @@ async def test_a_release_is_a_compare_and_swap_on_the_version_it_was_decided_on(
     puts = [c for c in harness.api.router.calls if c.request.method == "PUT"]
     assert json.loads(puts[-1].request.content)["metadata"]["resourceVersion"] == "7"
     assert ledger.view() is None, "a lost swap drops the view: the next pass reads it again"
+
+
+# -- node lifecycle conditions (--node-conditions) ------------------------------------
+
+CONDITIONS_ON = policy.PlanSettings(node_conditions=True)
+NODE_STATUS = node_path("n1", "status")
+
+
+def _with_conditions(node: Obj, owner: str, stage: Any) -> Obj:
+    """``node`` carrying the four lifecycle conditions of ``owner`` at ``stage``."""
+    from nmo.core.maintenance import nodeconditions
+
+    body = nodeconditions.patch(node, nodeconditions.wanted(owner, stage), now=builders_now())
+    assert body is not None
+    return {**node, "status": {"conditions": body["status"]["conditions"]}}
+
+
+async def test_a_queued_cr_deleted_without_a_finalizer_takes_its_node_conditions_along(
+    harness: Harness,
+) -> None:
+    """A queued CR has no finalizer: its deletion is seen only as its absence from
+    the cache. The pass on its name removes the conditions that name it (and
+    only those); it left MaintenancePlanned True on the node forever before."""
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.reconciler.settings = CONDITIONS_ON
+    harness.nodes.store["n1"] = _with_conditions(
+        builders.node(uid="node-uid"), "nm-1", Stage.QUEUED
+    )
+    harness.nodes.store["n2"] = _with_conditions(
+        builders.node("n2", uid="node-uid-2"), "nm-2", Stage.QUEUED
+    )
+    await harness.reconciler.reconcile("nm-1")  # not in the cache: deleted
+    assert harness.api.requests() == [("PATCH", NODE_STATUS)]
+    call = harness.api.router.calls[-1].request
+    assert call.headers["content-type"] == "application/strategic-merge-patch+json"
+    body = json.loads(call.content)
+    assert sorted(x["type"] for x in body["status"]["conditions"]) == sorted(c.NODE_CONDITION_TYPES)
+    assert all(x["$patch"] == "delete" for x in body["status"]["conditions"])
+    harness.api.mark()
+    await harness.reconciler.reconcile("nm-3")
+    assert harness.api.requests() == [], "a gone CR that named no node writes nothing"
+
+
+async def test_a_refused_removal_for_a_gone_cr_is_logged_not_retried_by_its_name(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.reconciler.settings = CONDITIONS_ON
+    harness.nodes.store["n1"] = _with_conditions(
+        builders.node(uid="node-uid"), "nm-1", Stage.QUEUED
+    )
+    harness.api.fail[("PATCH", NODE_STATUS)] = 403
+    result = await harness.reconciler.reconcile("nm-1")
+    assert result.requeue_after is None, "a refusal for good is not retried forever"
+    assert "gone; could not remove its lifecycle conditions from node n1" in caplog.text
+
+
+async def test_without_the_flag_a_gone_cr_writes_nothing(harness: Harness) -> None:
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.nodes.store["n1"] = _with_conditions(
+        builders.node(uid="node-uid"), "nm-1", Stage.QUEUED
+    )
+    await harness.reconciler.reconcile("nm-1")
+    assert harness.api.requests() == [], "default flags: no nodes/status request"
+
+
+async def test_a_refused_condition_removal_does_not_hold_the_deletion(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nodes/status not granted (the flag passed by hand) or a policy refusing
+    the write: the CR is let go all the same (finalizer removed, lease
+    released), the log says why; it stayed deleting forever before."""
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.put(
+        fresh_cr(finalizers=[c.FINALIZER], deleting=True),
+        _with_conditions(TAKEN, "nm-1", Stage.DRAINED),
+    )
+    harness.api.objects[LEASE] = builders.lease(
+        c.LEASE_HOLDER, builders_now(), namespace=LEASE_NS, uid="l", resource_version="3"
+    )
+    harness.api.fail[("PATCH", NODE_STATUS)] = 403
+    plan, _ = await harness.pass_(CONDITIONS_ON)
+    assert plan.node_conditions is not None
+    assert harness.api.requests() == [
+        ("PATCH", NODE),
+        ("PATCH", NODE_STATUS),
+        ("GET", LEASE),
+        ("DELETE", LEASE),
+        ("PATCH", NM),
+    ]
+    assert "could not remove its lifecycle conditions from node n1" in caplog.text
+
+
+async def test_a_condition_removal_that_fails_for_now_is_retried_with_the_deletion(
+    harness: Harness,
+) -> None:
+    """A 500 is not a refusal for good: the let-go stops there and is retried."""
+    from nmo.core.maintenance.nodeconditions import Stage
+
+    harness.put(
+        fresh_cr(finalizers=[c.FINALIZER], deleting=True),
+        _with_conditions(TAKEN, "nm-1", Stage.DRAINED),
+    )
+    harness.api.fail[("PATCH", NODE_STATUS)] = 500
+    with pytest.raises(KubeError):
+        await harness.pass_(CONDITIONS_ON)
+    assert ("PATCH", NM) not in harness.api.requests(), "the finalizer stays for the retry"
+
+
+async def test_a_refused_condition_write_while_entering_is_an_api_error(
+    harness: Harness,
+) -> None:
+    """Entering, the write is retried as any other (lastError says it)."""
+    harness.put(fresh_cr(), builders.node(uid="node-uid", resource_version="5"))
+    harness.record().fetched.confirmed = True
+    harness.api.fail[("PATCH", NODE_STATUS)] = 403
+    with pytest.raises(KubeError, match="injected 403"):
+        await harness.pass_(CONDITIONS_ON)

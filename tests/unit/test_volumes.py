@@ -284,6 +284,21 @@ def test_a_spec_timeout_is_its_own_deadline() -> None:
     assert cond(out.status).reason == volumes.REASON_TIMED_OUT
 
 
+def test_a_timeout_past_the_webhooks_bound_is_a_day_and_the_crd_refuses_it() -> None:
+    """A CR stored without the webhook (timeoutSeconds 10**12): the deadline was
+    past year 9999 and every pass crashed (OverflowError); it waits a day."""
+    m = nm(drain={"waitForVolumeDetach": {"timeoutSeconds": 10**12}})
+    out = planner.plan(observed(m, ATTACHED), ON)
+    assert out.status is not None and out.status.phase is Phase.RUNNING
+    day = (NOW + timedelta(seconds=c.VOLUME_DETACH_TIMEOUT_MAX)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"waiting until {day}" in cond(out.status).message
+    from nmo.api.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    wait = spec["properties"]["drain"]["properties"]["waitForVolumeDetach"]
+    assert wait["properties"]["timeoutSeconds"]["maximum"] == c.VOLUME_DETACH_TIMEOUT_MAX
+
+
 def test_once_detached_it_succeeds_and_says_how_long_it_waited() -> None:
     began = NOW - timedelta(seconds=42)
     out = planner.plan(observed(nm(conditions=waiting_since(began)), VolumeFacts()), ON)
@@ -322,6 +337,34 @@ def test_a_wait_the_cr_turns_off_ends_at_once_and_says_so() -> None:
     got = cond(out.status)
     assert (got.status.value, got.reason) == ("False", volumes.REASON_TURNED_OFF)
     assert out.volume_wait == ("turned_off", 20.0)
+
+
+def test_a_drain_with_pods_again_drops_the_wait_and_its_next_end_waits_afresh() -> None:
+    """A pod bound to the node by name during the wait: the drain evicts it, and
+    the wait that had begun goes with it. Before, the node said
+    WaitingForVolumeDetach while pods were evicted, and the next end of the
+    drain timed out at once (deadline from the first wait)."""
+    from nmo.core.maintenance import nodeconditions
+
+    began = NOW - timedelta(seconds=1000)
+    m = nm(conditions=waiting_since(began))
+    both = policy.PlanSettings(volume_detach=True, volume_detach_timeout=300, node_conditions=True)
+    out = planner.plan(observed(m, None, pods=(pod("late", []),)), both)
+    assert out.reads == () and out.status is not None
+    assert out.status.phase is Phase.RUNNING and out.status.pending_pods == ["late"]
+    assert not any(x.type == c.CONDITION_VOLUMES_DETACHED for x in out.status.conditions or [])
+    assert out.node_conditions is not None
+    dip = next(
+        x
+        for x in out.node_conditions["status"]["conditions"]
+        if x["type"] == c.NODE_CONDITION_DRAIN_IN_PROGRESS
+    )
+    assert (dip["status"], dip["reason"]) == ("True", nodeconditions.REASON_DRAINING)
+    ended = m.model_copy(update={"status": out.status})  # the pod left
+    again = planner.plan(observed(ended, ATTACHED), ON)
+    assert again.status is not None and again.status.phase is Phase.RUNNING
+    assert cond(again.status).reason == volumes.REASON_WAITING
+    assert cond(again.status).last_transition_time == NOW
 
 
 def test_a_succeeded_maintenance_is_not_held_again() -> None:

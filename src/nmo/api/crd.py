@@ -25,6 +25,9 @@ def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         merged = _resolve(variants[0], defs)
         if "description" in schema:
             merged["description"] = schema["description"]
+        for bound in ("minimum", "maximum"):  # an optional number's bound (json_schema_extra)
+            if bound in schema and merged.get("type") in {"integer", "number"}:
+                merged[bound] = schema[bound]
         return merged
     out: dict[str, Any] = {}
     if "description" in schema:

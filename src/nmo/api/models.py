@@ -77,6 +77,9 @@ class VolumeDetachSpec(_Model):
         default=None,
         alias="timeoutSeconds",
         ge=0,
+        # The API server's bound (no webhook needed); parsing stays lenient and
+        # the planner clamps (nmo.core.maintenance.volumes.timeout_of).
+        json_schema_extra={"maximum": c.VOLUME_DETACH_TIMEOUT_MAX},
         description="How long to wait, in seconds from the end of the drain (1 to 86400; "
         "default: the operator's --volume-detach-timeout). At the end the maintenance "
         "reports it (VolumesDetached reason TimedOut, event VolumeDetachTimedOut) and "

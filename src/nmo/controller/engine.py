@@ -45,6 +45,7 @@ from nmo.controller.reconciler import NM_PATH, Ports, Reconciler
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.controller.volumereader import VolumeReader
+from nmo.core.maintenance import nodeconditions
 from nmo.core.maintenance.admission import BudgetSettings, unavailable
 from nmo.core.maintenance.disruption import status_key
 from nmo.core.maintenance.drainplan import blocked_since
@@ -270,6 +271,10 @@ class Engine:
             self._wake_queued()  # its slot may be free (pruned at the next admission)
             if self.leading:
                 self._phase_gauge()  # no pass follows a deletion: count it now
+            if self.settings.plan.node_conditions:
+                # A queued CR goes without a pass (no finalizer yet): the pass
+                # on its absence removes the node conditions that name it.
+                self._wake(name)
             return
         if event == "MODIFIED" and old is not None and _intent(old) == _intent(obj):
             return  # a status-only change (most often our own write): nothing to do
@@ -306,6 +311,16 @@ class Engine:
             self._wake_queued()  # the count of unavailable nodes changed
         for nm in self.maintenances.by_index(str(obj["metadata"]["name"])):
             self.queue.add(str(nm["metadata"]["name"]))
+        self._sweep_conditions(obj)
+
+    def _sweep_conditions(self, node: Obj) -> None:
+        """Lifecycle conditions naming a CR the cache does not hold (deleted while
+        nmo was down or another replica led): that name's pass removes them."""
+        if not self.settings.plan.node_conditions:
+            return
+        for owner in nodeconditions.owners(node):
+            if owner not in self.maintenances.store:
+                self.queue.add(owner)
 
     def _drain_changed(self, name: str) -> None:
         """An eviction was answered (refused, failed, gone): one pass per debounce
@@ -402,6 +417,8 @@ class Engine:
         self.leading = True
         for name in list(self.maintenances.store):
             self.queue.add(name)
+        for node in list(self.nodes.store.values()):
+            self._sweep_conditions(node)
         log.info(
             "maintenance workers starting: %d reconcilers, %d parallel evictions",
             self.settings.max_concurrent_reconciles,

@@ -49,7 +49,14 @@ from nmo.controller.quorumguard import QuorumGuard
 from nmo.controller.recorder import EventRecorder
 from nmo.controller.renewer import LeaseRenewers
 from nmo.controller.volumereader import VolumeReader
-from nmo.core.maintenance import admission, planner, podselect, policy, transitions
+from nmo.core.maintenance import (
+    admission,
+    nodeconditions,
+    planner,
+    podselect,
+    policy,
+    transitions,
+)
 from nmo.core.maintenance.gates import AlertsSeen
 from nmo.core.maintenance.observed import (
     DONE,
@@ -67,7 +74,15 @@ from nmo.core.maintenance.observed import (
     Work,
 )
 from nmo.kube.client import Kube, api_path, nm_path, node_path
-from nmo.kube.errors import Conflict, InvalidName, KubeError, NotFound, changed_meanwhile
+from nmo.kube.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    InvalidName,
+    KubeError,
+    NotFound,
+    changed_meanwhile,
+)
 from nmo.kube.informer import Informer
 from nmo.telemetry.metrics import Metrics
 
@@ -140,6 +155,8 @@ class Reconciler:
         raw = ports.maintenances.get(name)
         if raw is None:
             ports.memories.forget_name(name)
+            if self.settings.node_conditions:
+                await self._remove_orphaned_conditions(name)
             return DONE
         meta, spec = raw["metadata"], raw.get("spec") or {}
         record = ports.memories.recall(
@@ -431,7 +448,7 @@ class Reconciler:
                 nm.spec.node_name,
                 extra=_ctx(nm),
             )
-        await self._write_conditions(nm, plan)
+        await self._write_conditions(nm, plan, letting_go=True)
         await self._emit(raw, obs, plan, Step.NODE)
         if plan.lease is LeaseStep.RELEASE and await self.ports.leases.release(nm.spec.node_name):
             log.info(
@@ -519,16 +536,37 @@ class Reconciler:
             )
             raise NodeChanged(f"node {nm.spec.node_name} changed meanwhile") from exc
 
-    async def _write_conditions(self, nm: NodeMaintenance, plan: Plan) -> None:
+    async def _write_conditions(
+        self, nm: NodeMaintenance, plan: Plan, *, letting_go: bool = False
+    ) -> None:
         """nmo's lifecycle conditions on the node's status (--node-conditions):
         a strategic-merge patch keyed by condition type, so every other
-        writer's condition stays. A node gone meanwhile has none to keep."""
+        writer's condition stays. A node gone meanwhile has none to keep.
+
+        ``letting_go`` (the CR deleted, or Failed with its node given back):
+        a removal refused for good (403: nodes/status not granted, a policy;
+        422) is logged and the maintenance lets go all the same: the
+        conditions are an add-on, and must not hold the finalizer, the lease
+        or the Failed status forever. Other errors are retried as any step.
+        """
         if plan.node_conditions is None:
             return
         path = node_path(nm.spec.node_name, "status")
         try:
             out = await self.ports.kube.strategic_patch(path, plan.node_conditions)
         except NotFound:
+            return
+        except (Forbidden, Invalid) as exc:
+            if not letting_go:
+                raise
+            log.warning(
+                "maintenance %s: could not remove its lifecycle conditions from node %s "
+                "(letting go all the same; nmo cleanup removes them): %s",
+                nm.metadata.name,
+                nm.spec.node_name,
+                exc,
+                extra=_ctx(nm),
+            )
             return
         self.ports.nodes.remember(out)
         types = ", ".join(
@@ -544,6 +582,43 @@ class Reconciler:
             types,
             extra=_ctx(nm),
         )
+
+    async def _remove_orphaned_conditions(self, name: str) -> None:
+        """The CR ``name`` is gone from the cache: remove the lifecycle conditions
+        that name it from any node (a queued CR is deleted without a pass of
+        its own: it has no finalizer yet). The node cache is scanned once per
+        gone CR. A failed removal is logged, not retried by this name (a
+        refusal for good would retry forever): the node's next event sweeps
+        it again (Engine._sweep_conditions)."""
+        ports = self.ports
+        for node in list(ports.nodes.store.values()):
+            if name not in nodeconditions.owners(node):
+                continue
+            body = nodeconditions.removal(node, owner=name)
+            node_name = str(node["metadata"]["name"])
+            if body is None:
+                continue
+            try:
+                out = await ports.kube.strategic_patch(node_path(node_name, "status"), body)
+            except NotFound:
+                continue
+            except KubeError as exc:
+                log.warning(
+                    "maintenance %s: gone; could not remove its lifecycle conditions from "
+                    "node %s (nmo cleanup removes them): %s",
+                    name,
+                    node_name,
+                    exc,
+                    extra={"maintenance": name, "node": node_name},
+                )
+                continue
+            ports.nodes.remember(out)
+            log.info(
+                "maintenance %s: gone; its lifecycle conditions removed from node %s",
+                name,
+                node_name,
+                extra={"maintenance": name, "node": node_name},
+            )
 
     async def _write_report(self, raw: Obj, report: Mapping[str, Any]) -> None:
         """lastError and lastUpdate only, without a resourceVersion: nothing else

@@ -19,7 +19,10 @@ without knowing the NodeMaintenance CRD:
 Each carries a reason and a message that names the NodeMaintenance (the
 message starts ``NodeMaintenance <name>:``, which is how a CR recognises the
 conditions it wrote). They go when the maintenance ends: CR deleted, or
-Failed with the node given back.
+Failed with the node given back. A queued CR has no finalizer yet, so its
+deletion leaves no pass of its own: the executor removes the conditions that
+name a CR the cache no longer holds (:func:`owners`), when that CR's key is
+reconciled (its deletion, or the leader's sweep of the node cache).
 
 Everything is derived from the observed Node, never from memory: the patch
 holds only the conditions whose status, reason or message differ from what
@@ -154,6 +157,13 @@ def owner_of(condition: Obj) -> str | None:
     if not message.startswith(head) or ":" not in message:
         return None
     return message[len(head) : message.index(":")]
+
+
+def owners(node: Obj) -> frozenset[str]:
+    """The NodeMaintenances the node's lifecycle conditions name (for the sweep of
+    conditions whose CR is gone: a queued CR has no finalizer, so its deletion
+    is seen only as its absence)."""
+    return frozenset(o for x in ours(node).values() if (o := owner_of(x)) is not None)
 
 
 def patch(node: Obj, wants: tuple[Want, ...], *, now: datetime) -> Obj | None:

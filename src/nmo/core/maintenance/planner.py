@@ -407,7 +407,7 @@ def _plan_enter(obs: Observed, settings: PlanSettings) -> Plan:
             volume_wait=gate.waited,
         )
     new = transitions.draining(
-        st,
+        volumes.reopened(st),
         pending=report.pending,
         details=report.details,
         error=report.last_error,

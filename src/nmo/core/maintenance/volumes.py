@@ -25,7 +25,9 @@ maintenance succeeds now or waits:
   a Warning event VolumeDetachTimedOut) and proceeds, as Cluster API does
   after ``nodeVolumeDetachTimeout``: the maintenance succeeds;
 * when none is left: ``VolumesDetached`` True, and the maintenance succeeds;
-* a wait the CR turns off (``enabled: false``) ends at once: reason TurnedOff.
+* a wait the CR turns off (``enabled: false``) ends at once: reason TurnedOff;
+* a drain that has pods to evict again drops a False condition
+  (:func:`reopened`): its next end waits afresh.
 
 A read that failed (RBAC, the API) is shown in the condition (reason
 ReadFailed) and retried; the deadline holds for it too: never a silent hang.
@@ -93,9 +95,12 @@ def wanted(nm: NodeMaintenance, settings: PlanSettings) -> bool:
 
 
 def timeout_of(nm: NodeMaintenance, settings: PlanSettings) -> int:
+    """The wait's length: the CR's, else the flag's; at most a day, whatever got
+    past the API (a CR stored without the webhook): a deadline past year 9999
+    cannot be computed, and the pass would crash on every look."""
     spec = nm.spec.drain.wait_for_volume_detach if nm.spec.drain is not None else None
     if spec is not None and spec.timeout_seconds:
-        return spec.timeout_seconds
+        return min(spec.timeout_seconds, c.VOLUME_DETACH_TIMEOUT_MAX)
     return settings.volume_detach_timeout
 
 
@@ -278,6 +283,20 @@ def gate(obs: Observed, st: NodeMaintenanceStatus, base: Plan, settings: PlanSet
         drain_pending=0,
     )
     return Gate(status=new, wait=waiting)
+
+
+def reopened(st: NodeMaintenanceStatus) -> NodeMaintenanceStatus:
+    """The status of a drain that has pods to evict again (a pod bound to the
+    node by name during the wait): a wait that had begun (or ended False)
+    belongs to the drain's previous end, and goes. Kept, it said
+    WaitingForVolumeDetach on the node while pods were evicted, and the next
+    wait's deadline counted from the first one (TimedOut at once, without
+    waiting for the new pod's volumes)."""
+    before = transitions.condition(st, c.CONDITION_VOLUMES_DETACHED)
+    if before is None or before.status is ConditionStatus.TRUE:
+        return st
+    kept = [x for x in st.conditions or [] if x.type != c.CONDITION_VOLUMES_DETACHED]
+    return st.model_copy(update={"conditions": kept})
 
 
 def _turned_off(nm: NodeMaintenance, st: NodeMaintenanceStatus, now: datetime) -> Gate:
