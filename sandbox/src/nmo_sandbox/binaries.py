@@ -120,17 +120,19 @@ def find_binaries(*, check: bool = True) -> Binaries:
     if override:
         found = Binaries(Path(override).expanduser().resolve())
     else:
-        found = Binaries(_from_script() or default_bin_dir())
+        found = Binaries(script_bin_dir(_SCRIPT) or default_bin_dir())
     return found.check() if check else found
 
 
-def _from_script() -> Path | None:
+def script_bin_dir(script: Path) -> Path | None:
+    """The directory a build script (``hack/<x>-bin.sh --print-dir``) caches its
+    binaries in, when running from a checkout that has it; else None."""
     root = repo_root()
-    if root is None:
+    if root is None or not (root / script).is_file():
         return None
     try:
         res = subprocess.run(
-            ["bash", str(root / _SCRIPT), "--print-dir"],
+            ["bash", str(root / script), "--print-dir"],
             capture_output=True,
             text=True,
             timeout=10,

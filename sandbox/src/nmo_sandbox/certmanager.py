@@ -21,14 +21,13 @@ the probe objects); :mod:`nmo_sandbox.cluster` starts the processes.
 from __future__ import annotations
 
 import os
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from nmo_sandbox.binaries import repo_root
+from nmo_sandbox.binaries import cache_root, script_bin_dir
 from nmo_sandbox.errors import MissingBinariesError
 
 __all__ = [
@@ -120,7 +119,7 @@ def find_cert_manager(*, check: bool = True) -> CertManagerBinaries:
     if override:
         found = CertManagerBinaries(Path(override).expanduser().resolve())
     else:
-        found = CertManagerBinaries(_from_script() or _default_bin_dir())
+        found = CertManagerBinaries(script_bin_dir(_SCRIPT) or _default_bin_dir())
     return found.check() if check else found
 
 
@@ -258,26 +257,4 @@ def injected(webhook_configuration: dict[str, Any]) -> bool:
 
 
 def _default_bin_dir() -> Path:
-    cache_root = os.environ.get("NMO_CACHE_DIR")
-    if not cache_root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        cache_root = str(Path(xdg) / "nmo")
-    return Path(cache_root) / "cert-manager" / VERSION / "bin"
-
-
-def _from_script() -> Path | None:
-    root = repo_root()
-    if root is None or not (root / _SCRIPT).is_file():
-        return None
-    try:
-        res = subprocess.run(
-            ["bash", str(root / _SCRIPT), "--print-dir"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    line = res.stdout.strip().splitlines()
-    return Path(line[-1]) if line else None
+    return cache_root() / "cert-manager" / VERSION / "bin"

@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 import yaml
 
-from nmo_sandbox.binaries import find_binaries, repo_root
+from nmo_sandbox.binaries import cache_root, find_binaries, repo_root, script_bin_dir
 from nmo_sandbox.errors import ComponentError, MissingBinariesError, SandboxError
 from nmo_sandbox.process import ProcessRef, free_ports, kill_groups, log_tail, spawn
 
@@ -103,7 +103,7 @@ def find_prometheus(*, check: bool = True) -> PrometheusBinaries:
     if override:
         found = PrometheusBinaries(Path(override).expanduser().resolve())
     else:
-        found = PrometheusBinaries(_from_script() or _default_bin_dir())
+        found = PrometheusBinaries(script_bin_dir(_SCRIPT) or _default_bin_dir())
     return found.check() if check else found
 
 
@@ -317,26 +317,4 @@ def chart_rules(values: Sequence[str] = (), *, helm: Path | None = None) -> dict
 
 
 def _default_bin_dir() -> Path:
-    cache_root = os.environ.get("NMO_CACHE_DIR")
-    if not cache_root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        cache_root = str(Path(xdg) / "nmo")
-    return Path(cache_root) / "prometheus" / VERSION / "bin"
-
-
-def _from_script() -> Path | None:
-    root = repo_root()
-    if root is None or not (root / _SCRIPT).is_file():
-        return None
-    try:
-        res = subprocess.run(
-            ["bash", str(root / _SCRIPT), "--print-dir"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    line = res.stdout.strip().splitlines()
-    return Path(line[-1]) if line else None
+    return cache_root() / "prometheus" / VERSION / "bin"
