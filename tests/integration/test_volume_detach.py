@@ -19,7 +19,6 @@ pod left, with no VolumesDetached condition.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,6 +26,7 @@ import httpx
 import pytest
 from objects import NM, Api, pod_spec, uid
 from operator_fixtures import Operator, wait_for
+from test_drain_control import flags
 
 pytestmark = pytest.mark.integration
 
@@ -269,19 +269,6 @@ async def test_deadline_is_reported_and_the_maintenance_proceeds(
     )
     await api.delete_nm_and_wait_gone(name)
     assert len(await api.events(name, "VolumeDetachTimedOut")) == 1
-
-
-@contextlib.asynccontextmanager
-async def flags(operator: Operator, *extra: str) -> AsyncIterator[None]:
-    """The session's nmo restarted with ``extra`` flags for a test, then as it was."""
-    saved = list(operator.extra)
-    operator.extra = [*saved, *extra]
-    try:
-        await operator.restart()
-        yield
-    finally:
-        operator.extra = saved
-        await operator.restart()
 
 
 async def test_multi_attach_and_staying_volumes_are_not_waited_for(
